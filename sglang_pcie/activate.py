@@ -1,0 +1,62 @@
+"""Turns the overlay on in this process; called when ``sglang`` is first imported (and by SGLang's plugin
+loader from 0.5.11).  Idempotent: whatever path calls it, each patch is applied once per target module."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from types import ModuleType
+
+from sglang_pcie.base import (APPLIED, DISABLED, DRIFTED, ERROR, Drift, Patch, Result, StrictModeError)
+
+# patch id -> {target module name -> Result}; read by ``verify-patches --runtime``.
+RESULTS: dict[str, dict[str, Result]] = {}
+_activated = False
+
+
+def warn(message: str) -> None:
+    sys.stderr.write(f"sglang-pcie: {message}\n")
+
+
+def activate() -> bool:
+    """Apply the NCCL profile and register every enabled patch on its target modules. Returns whether active."""
+    global _activated
+    if _activated:
+        return True
+    import sglang_pcie_startup
+
+    from sglang_pcie import nccl, registry
+    from sglang_pcie.settings import load_settings
+
+    settings = load_settings()
+    if settings.disabled:
+        return False
+    _activated = True
+    for error in settings.errors:
+        warn(error)
+    nccl.apply_for_process(settings)
+
+    watcher = sglang_pcie_startup.install()
+    for patch in registry.all_patches():
+        reason = patch.disabled_reason(settings)
+        if reason:
+            RESULTS[patch.id] = {"*": Result(DISABLED, reason)}
+            continue
+        for target in patch.targets:
+            watcher.watch(target, functools.partial(_apply, patch, settings.strict))
+    return True
+
+
+def _apply(patch: Patch, strict: bool, module: ModuleType) -> None:
+    try:
+        result = patch.apply(module)
+    except Drift as exc:
+        result = Result(DRIFTED, str(exc))
+    except Exception as exc:  # a broken patch must not break SGLang's import
+        result = Result(ERROR, f"{type(exc).__name__}: {exc}")
+    RESULTS.setdefault(patch.id, {})[module.__name__] = result
+    if result.status in (DRIFTED, ERROR):
+        message = f"patch {patch.id} skipped on {module.__name__}: {result.detail}"
+        if strict:
+            raise StrictModeError(f"sglang-pcie: SGLANG_PCIE_STRICT=1 and {message}")
+        warn(message)

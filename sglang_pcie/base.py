@@ -1,0 +1,153 @@
+"""The shape every code patch has, and the helpers patches share.
+
+A patch is one module in ``sglang_pcie/patches/`` defining one ``Patch`` subclass instance named ``PATCH``.
+The same object answers three questions:
+
+* ``check_source(tree)``: does this patch fit the SGLang source in ``tree``?  (static, reads files only)
+* ``apply(module)``: called right after each of ``targets`` is imported; patches it in place.
+* ``check_runtime(modules)``: in a process where the targets are imported, is the patch in effect?
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Mapping
+
+# Statuses, shared by verify-patches, the release matrix and the runtime hooks.
+APPLIED = "applied"  # runtime: in effect in this process
+APPLICABLE = "applicable"  # static: fits this source
+UPSTREAM = "upstream"  # the release already has it
+NOT_APPLICABLE = "not-applicable"  # the release lacks what the patch touches
+DISABLED = "disabled"  # switched off by the user
+DRIFTED = "drifted"  # the target moved or changed shape
+ERROR = "error"
+STATUSES = (APPLIED, APPLICABLE, UPSTREAM, NOT_APPLICABLE, DISABLED, DRIFTED, ERROR)
+FAILING_STATUSES = (DRIFTED, ERROR)
+
+# Attribute set on every function or class member this overlay installs: value is the patch id.
+MARKER_ATTR = "__sglang_pcie_patch__"
+# Comment carried by every line block the versioned diffs add; the static checks look for it.
+DIFF_MARKER = "sglang-pcie:"
+
+
+@dataclass(frozen=True)
+class Result:
+    status: str
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown patch status {self.status!r}")
+
+
+class Drift(Exception):
+    """Raised by ``Patch.apply`` when the target does not have the shape the patch expects."""
+
+
+class StrictModeError(RuntimeError):
+    """Raised instead of skipping a drifted patch when SGLANG_PCIE_STRICT=1; stops the import."""
+
+    sglang_pcie_fatal = True
+
+
+class SourceTree:
+    """A folder holding an ``sglang`` package (site-packages, an unpacked wheel, a checkout's python/)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        if not (self.root / "sglang" / "__init__.py").is_file():
+            raise ValueError(f"no sglang package under {str(self.root)!r}")
+
+    @property
+    def version(self) -> str:
+        for name in ("_version.py", "version.py"):
+            path = self.root / "sglang" / name
+            if path.is_file():
+                match = re.search(r"""^__version__\s*=.*?['"]([^'"]+)['"]""", path.read_text(), re.M)
+                if match:
+                    return match.group(1)
+        return "unknown"
+
+    def path(self, module: str) -> Path | None:
+        """File of a dotted module name (``sglang.srt.layers.communicator``), or None if absent."""
+        base = self.root.joinpath(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def source(self, module: str) -> str | None:
+        path = self.path(module)
+        return path.read_text(encoding="utf-8") if path else None
+
+    def tree(self, module: str) -> ast.Module | None:
+        text = self.source(module)
+        return ast.parse(text) if text is not None else None
+
+    def function(self, module: str, name: str) -> ast.FunctionDef | None:
+        """Top-level function ``name`` in ``module``, or ``Class.method``."""
+        tree = self.tree(module)
+        if tree is None:
+            return None
+        owner, _, member = name.rpartition(".")
+        body = tree.body
+        if owner:
+            cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+            if cls is None:
+                return None
+            body = cls.body
+        return next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.name == member), None)
+
+
+class Patch:
+    """Base of every code patch; subclasses set the metadata and implement the three checks."""
+
+    id: str = ""
+    summary: str = ""  # one line
+    why: str = ""  # why the patch exists
+    upstream: str = ""  # the upstream issue / PR it relates to
+    remove_when: str = ""  # when it can be deleted
+    releases: str = ""  # releases it covers, as a version specifier, e.g. ">=0.5.8,<=0.5.23"
+    upstream_check: str = ""  # how to tell that upstream already has it
+    runtime_method: str = ""  # how it is applied at runtime
+    static_method: str = ""  # how it is checked statically against a source tree
+    targets: tuple[str, ...] = ()  # modules whose import triggers ``apply``
+
+    def disabled_reason(self, settings) -> str | None:
+        """Why the user switched this patch off, or None when it is on."""
+        if self.id in settings.disabled_patches:
+            return f"listed in SGLANG_PCIE_DISABLE_PATCHES"
+        return None
+
+    def check_source(self, tree: SourceTree) -> Result:
+        raise NotImplementedError
+
+    def apply(self, module: ModuleType) -> Result:
+        """Patch ``module`` (one of ``targets``, just imported); raise ``Drift`` if it has the wrong shape.
+
+        Must be idempotent and all-or-nothing: check everything before changing anything.
+        """
+        raise NotImplementedError
+
+    def check_runtime(self, modules: Mapping[str, ModuleType]) -> Result:
+        """With the targets imported (absent ones missing from ``modules``), is the patch in effect?"""
+        raise NotImplementedError
+
+    def metadata(self) -> dict:
+        return {name: getattr(self, name) for name in (
+            "id", "summary", "why", "upstream", "remove_when", "releases",
+            "upstream_check", "runtime_method", "static_method")} | {"targets": list(self.targets)}
+
+
+def is_patched(obj, patch_id: str) -> bool:
+    return getattr(obj, MARKER_ATTR, None) == patch_id
+
+
+def mark(obj, patch_id: str):
+    setattr(obj, MARKER_ATTR, patch_id)
+    return obj

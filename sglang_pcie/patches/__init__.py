@@ -1,0 +1,1 @@
+"""One module per code patch; each defines ``PATCH``, an instance of ``sglang_pcie.base.Patch``."""

@@ -1,0 +1,82 @@
+"""SGLang releases: which ones exist, and their pristine sources (wheels fetched without dependencies)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from pathlib import Path
+
+# The releases every patch is tested against (patches/<release>/ holds their diffs).
+COVERED_RELEASES = (
+    "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
+    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+INDEX_URL = os.environ.get("SGLANG_PCIE_INDEX_URL", "https://pypi.org/simple")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_PCIE_CACHE") or Path.home() / ".cache" / "sglang-pcie")
+
+
+def list_releases(index_url: str = INDEX_URL) -> list[str]:
+    """Every final release of sglang the index serves (PEP 691 JSON), oldest first."""
+    from packaging.version import InvalidVersion, Version
+
+    request = urllib.request.Request(f"{index_url.rstrip('/')}/sglang/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        data = json.load(response)
+    versions = []
+    for raw in data.get("versions", []):
+        try:
+            version = Version(raw)
+        except InvalidVersion:
+            continue
+        if not version.is_prerelease and not version.is_devrelease:
+            versions.append(version)
+    return [str(v) for v in sorted(versions)]
+
+
+def fetch_wheel(version: str, wheels: Path | None = None) -> Path:
+    """The release's wheel, downloaded once into the cache with ``pip download --no-deps``."""
+    wheels = wheels or cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = _cached_wheel(version, wheels)
+    if found:
+        return found
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "--implementation", "cp",
+           "--abi", "cp311", "--abi", "none", "--abi", "abi3", "-d", str(wheels), f"sglang=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = _cached_wheel(version, wheels)
+    if proc.returncode != 0 or not found:
+        tail = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise RuntimeError(f"could not fetch sglang=={version}: {tail}")
+    return found
+
+
+def _cached_wheel(version: str, wheels: Path) -> Path | None:
+    matches = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    return matches[0] if matches else None
+
+
+def fetch_source(version: str) -> Path:
+    """A folder holding the pristine ``sglang`` package of ``version`` (unpacked once, then cached)."""
+    root = cache_dir() / "src" / version
+    if (root / "sglang" / "__init__.py").is_file():
+        return root
+    wheel = fetch_wheel(version)
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as archive:
+        members = [name for name in archive.namelist()
+                   if name.startswith("sglang/") and name.endswith(".py")]
+        archive.extractall(partial, members)
+    shutil.rmtree(root, ignore_errors=True)
+    partial.rename(root)
+    return root
