@@ -1,0 +1,183 @@
+"""``sglang-pcie`` / ``python -m sglang_pcie``: verify-patches, apply-diffs, env, profile-report, tune-nccl."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import sglang_pcie
+
+USAGE_ERROR = 2
+
+
+def _fail(message: str) -> int:
+    print(f"sglang-pcie: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def installed_sglang_root() -> Path | None:
+    """The folder holding the installed ``sglang`` package, found without importing it."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.origin:
+        return None
+    return Path(spec.origin).parent.parent
+
+
+def _settings_or_errors():
+    from sglang_pcie.settings import load_settings
+
+    settings = load_settings()
+    for error in settings.errors:
+        print(f"sglang-pcie: error: {error}", file=sys.stderr)
+    return settings
+
+
+def cmd_verify_patches(args) -> int:
+    from sglang_pcie import nccl, verify
+    from sglang_pcie.base import DISABLED, SourceTree
+    from sglang_pcie.registry import all_patches
+
+    if args.metadata:
+        meta = [patch.metadata() for patch in all_patches()]
+        if args.json:
+            print(json.dumps(meta, indent=2))
+        else:
+            for item in meta:
+                print(f"{item['id']}: {item['summary']}")
+                for key, value in item.items():
+                    if key not in ("id", "summary"):
+                        print(f"  {key}: {value}")
+        return 0
+    if args.sglang_source and args.sglang_version:
+        return _fail("give --sglang-source or --sglang-version, not both")
+    if args.runtime and args.sglang_version:
+        return _fail("--runtime imports an installed SGLang; --sglang-version is static only")
+
+    settings = _settings_or_errors()
+    try:
+        if args.sglang_version:
+            from sglang_pcie.releases import fetch_source
+
+            root = fetch_source(args.sglang_version)
+        elif args.sglang_source:
+            root = Path(args.sglang_source)
+        else:
+            root = installed_sglang_root()
+            if root is None:
+                return _fail("no sglang installed here; use --sglang-source DIR or --sglang-version X")
+        tree = SourceTree(root)
+    except (ValueError, RuntimeError) as exc:
+        return _fail(str(exc))
+
+    if args.runtime:
+        if settings.disabled:
+            rows = [{"id": p.id, "status": DISABLED, "detail": "SGLANG_PCIE_DISABLE is set"}
+                    for p in all_patches()]
+            version = tree.version
+        else:
+            try:
+                version, rows = verify.runtime_results(str(root) if args.sglang_source else None)
+            except Exception as exc:
+                print(f"sglang-pcie: {exc}", file=sys.stderr)
+                return 1
+        mode = "runtime"
+    else:
+        version, rows, mode = tree.version, verify.rows_from(verify.static_results(tree, settings)), "static"
+    decision = nccl.decide(settings.nccl_profile)
+    report = verify.build_report(version, mode, rows, decision.as_dict(), str(root))
+    print(json.dumps(report, indent=2) if args.json else verify.format_table(report))
+    return USAGE_ERROR if settings.errors else verify.exit_code(report)
+
+
+def cmd_apply_diffs(args) -> int:
+    from sglang_pcie.base import SourceTree
+    from sglang_pcie.diffs import DiffError, apply_diffs, diffs_for
+
+    root = Path(args.target) if args.target else installed_sglang_root()
+    if root is None:
+        return _fail("no sglang installed here; use --target DIR (the folder holding the sglang package)")
+    try:
+        tree = SourceTree(root)
+        diffs = diffs_for(tree.version)
+        apply_diffs(tree.root, diffs, reverse=args.reverse, dry_run=args.dry_run)
+    except (ValueError, DiffError) as exc:
+        return _fail(str(exc))
+    verb = "would " if args.dry_run else ""
+    action = "remove" if args.reverse else "apply"
+    past = {"apply": "applied", "remove": "removed"}[action]
+    print(f"{verb + action if args.dry_run else past} {len(diffs)} diff(s) for sglang {tree.version}"
+          f" in {tree.root}: {', '.join(d.stem for d in diffs)}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    from sglang_pcie import nccl
+
+    settings = _settings_or_errors()
+    decision = nccl.decide(settings.nccl_profile)
+    if args.json:
+        print(json.dumps(decision.as_dict(), indent=2))
+    else:
+        print(f"SGLANG_PCIE_NCCL_PROFILE: {decision.requested or 'invalid'} -> profile {decision.profile}")
+        print(f"why: {decision.reason}")
+        if decision.topology is not None:
+            t = decision.topology
+            print(f"GPUs ({t.source}): {len(t.gpu_names)} {', '.join(sorted(set(t.gpu_names)))};"
+                  f" NVLink: {t.nvlink}; peer-to-peer: {t.p2p}")
+        for key, value in decision.values.items():
+            print(f"would set {key}={value}")
+        for key, value in decision.user_set.items():
+            print(f"keeps {key}={value} (set by the user)")
+        if not decision.values and not decision.user_set:
+            print("would set nothing: NCCL defaults")
+    return USAGE_ERROR if settings.errors else 0
+
+
+def _delegate(module_name: str):
+    def run(args) -> int:
+        import importlib
+
+        return importlib.import_module(module_name).main(args.rest)
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-pcie", description=sglang_pcie.__doc__)
+    parser.add_argument("--version", action="version", version=f"sglang-pcie {sglang_pcie.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("verify-patches", help="each patch's status for an SGLang release, and the NCCL profile")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--sglang-source", metavar="DIR", help="a folder holding an sglang package")
+    where.add_argument("--sglang-version", metavar="X", help="that release's wheel, fetched without dependencies")
+    p.add_argument("--runtime", action="store_true",
+                   help="import the real SGLang modules in a child process and check each patch is in effect")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--metadata", action="store_true", help="print each patch's metadata instead")
+    p.set_defaults(func=cmd_verify_patches)
+
+    p = sub.add_parser("apply-diffs", help="apply the versioned diffs to an SGLang source tree, all or nothing")
+    p.add_argument("--target", metavar="DIR", help="folder holding the sglang package (default: the installed one)")
+    p.add_argument("--dry-run", action="store_true", help="check that every diff applies; change nothing")
+    p.add_argument("--reverse", action="store_true", help="remove the diffs instead")
+    p.set_defaults(func=cmd_apply_diffs)
+
+    p = sub.add_parser("env", help="the NCCL profile that would be applied here, and why")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_env)
+
+    for name, module, help_text in (
+        ("profile-report", "sglang_pcie.profile_report", "summarise an EAGLE3_PROFILE log or JSON-lines file"),
+        ("tune-nccl", "sglang_pcie.tune_nccl", "measure NCCL profiles on the local GPUs and keep the best"),
+    ):
+        p = sub.add_parser(name, help=help_text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_delegate(module))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

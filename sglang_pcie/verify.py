@@ -1,0 +1,67 @@
+"""``verify-patches``: each patch's status against an SGLang source tree (static) or a live process (runtime)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from sglang_pcie.base import DISABLED, ERROR, FAILING_STATUSES, Patch, Result, SourceTree
+from sglang_pcie.registry import all_patches
+
+
+def static_results(tree: SourceTree, settings) -> list[tuple[Patch, Result]]:
+    results = []
+    for patch in all_patches():
+        reason = patch.disabled_reason(settings)
+        if reason:
+            results.append((patch, Result(DISABLED, reason)))
+            continue
+        try:
+            results.append((patch, patch.check_source(tree)))
+        except Exception as exc:  # a checker bug is reported, not raised
+            results.append((patch, Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")))
+    return results
+
+
+def runtime_results(sglang_root: str | None = None, python: str | None = None,
+                    timeout: float = 900) -> tuple[str, list[dict]]:
+    """Import the real target modules in a child process with the overlay active; (sglang version, rows)."""
+    env = dict(os.environ)
+    if sglang_root:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [sglang_root, env.get("PYTHONPATH")]))
+    cmd = [python or sys.executable, "-m", "sglang_pcie._runtime_probe"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"runtime probe failed (exit {proc.returncode}):\n{tail}")
+    report = json.loads(lines[-1])
+    return report["sglang_version"], report["patches"]
+
+
+def build_report(version: str, mode: str, rows: list[dict], nccl: dict, source: str) -> dict:
+    return {"sglang_version": version, "mode": mode, "source": source, "patches": rows, "nccl": nccl}
+
+
+def rows_from(results: list[tuple[Patch, Result]]) -> list[dict]:
+    return [{"id": patch.id, "status": result.status, "detail": result.detail} for patch, result in results]
+
+
+def exit_code(report: dict) -> int:
+    return 1 if any(row["status"] in FAILING_STATUSES for row in report["patches"]) else 0
+
+
+def format_table(report: dict) -> str:
+    lines = [f"sglang {report['sglang_version']} ({report['mode']}: {report['source']})"]
+    width = max([len(row["id"]) for row in report["patches"]] + [5])
+    lines.append(f"{'PATCH':<{width}}  {'STATUS':<14}  DETAIL")
+    for row in report["patches"]:
+        lines.append(f"{row['id']:<{width}}  {row['status']:<14}  {row['detail']}")
+    nccl = report["nccl"]
+    values = " ".join(f"{k}={v}" for k, v in nccl.get("values", {}).items()) or "nothing set"
+    lines.append(f"NCCL profile: {nccl.get('profile')} ({nccl.get('reason')}); {values}")
+    if nccl.get("user_set"):
+        lines.append("  kept as the user set them: "
+                     + " ".join(f"{k}={v}" for k, v in nccl["user_set"].items()))
+    return "\n".join(lines)
