@@ -1,0 +1,135 @@
+"""The ``.pth`` start-up hook in real interpreters: what it installs, what it imports, what it leaves alone."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from overlay_venv import REPO, build_wheel, make_venv, site_packages
+
+
+def run(python, code, env=None, cwd=None):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PCIE_", "PYTHON"))}
+    return subprocess.run([str(python), "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**base, **(env or {})}, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def overlay_python(tmp_path_factory, wheel):
+    return make_venv(tmp_path_factory.mktemp("overlay") / "venv", [str(wheel)])
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    return make_venv(tmp_path_factory.mktemp("bare") / "venv")
+
+
+WATCHER_STATE = """
+    import json, sys
+    watchers = [f for f in sys.meta_path if type(f).__name__ == "ImportWatcher"]
+    print(json.dumps({"watchers": len(watchers),
+                      "watched": sorted(watchers[0].callbacks) if watchers else [],
+                      "modules": sorted(sys.modules)}))
+"""
+
+
+def state(python, env=None):
+    proc = run(python, WATCHER_STATE, env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_wheel_installs_the_hook_beside_a_startup_module(overlay_python):
+    site = site_packages(overlay_python)
+    assert (site / "sglang_pcie.pth").read_text().startswith("import sglang_pcie_startup")
+    assert (site / "sglang_pcie_startup.py").is_file()
+    assert (site / "sglang_pcie" / "diffs").is_dir()
+
+
+def test_every_interpreter_watches_for_sglang(overlay_python):
+    assert state(overlay_python) | {"modules": None} == {"watchers": 1, "watched": ["sglang"], "modules": None}
+
+
+def test_startup_imports_nothing_but_its_own_module(overlay_python, bare_python):
+    added = set(state(overlay_python)["modules"]) - set(state(bare_python)["modules"])
+    assert added == {"sglang_pcie_startup"}
+
+
+def test_disable_variable_installs_nothing(overlay_python):
+    assert state(overlay_python, {"SGLANG_PCIE_DISABLE": "1"})["watchers"] == 0
+
+
+def test_existing_sitecustomize_is_neither_shadowed_nor_overwritten(tmp_path, wheel):
+    python = make_venv(tmp_path / "venv")
+    mine = site_packages(python) / "sitecustomize.py"
+    mine.write_text("import os\nos.environ['SITECUSTOMIZE_RAN'] = 'yes'\n")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True)
+    assert mine.read_text() == "import os\nos.environ['SITECUSTOMIZE_RAN'] = 'yes'\n"
+    proc = run(python, """
+        import os, sys
+        print(os.environ.get('SITECUSTOMIZE_RAN'), 'sglang_pcie_startup' in sys.modules)
+    """)
+    assert proc.stdout.split() == ["yes", "True"], proc.stderr
+
+
+def test_editable_install_activates(tmp_path):
+    python = make_venv(tmp_path / "venv", ["-e", str(REPO)])
+    assert state(python)["watched"] == ["sglang"]
+    proc = run(python, "import sglang_pcie, sglang_pcie.diffs as d; print(sglang_pcie.__file__, d.diffs_root())")
+    module_file, diffs = proc.stdout.split()
+    assert module_file == str(REPO / "sglang_pcie" / "__init__.py") and diffs == str(REPO / "patches")
+
+
+def test_console_script_and_module_entry_agree(overlay_python):
+    script = overlay_python.parent / "sglang-pcie"
+    by_script = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    by_module = run(overlay_python, "import runpy, sys; sys.argv = ['x', '--version']; "
+                                    "runpy.run_module('sglang_pcie', run_name='__main__')")
+    assert by_script.stdout.strip() == by_module.stdout.strip()
+    assert by_script.stdout.startswith("sglang-pcie ")
+
+
+POST_IMPORT = """
+    import sys
+    sys.path.insert(0, {folder!r})
+    import sglang_pcie_startup
+    watcher = sglang_pcie_startup.install()
+    seen = []
+    def record(module):
+        seen.append(module.VALUE)
+    def broken(module):
+        raise ValueError("boom")
+    watcher.watch("watched_mod", record)
+    watcher.watch("watched_mod", broken)
+    import watched_mod
+    print(seen, type(watched_mod.__loader__).__name__, watched_mod.__spec__.loader is watched_mod.__loader__)
+    watcher.watch("watched_mod", record)  # already imported: runs at once
+    print(seen)
+    class Fatal(Exception):
+        sglang_pcie_fatal = True
+    def fatal(module):
+        raise Fatal("stop")
+    watcher.watch("other_mod", fatal)
+    try:
+        import other_mod
+    except Fatal as exc:
+        print("fatal propagated", "other_mod" in sys.modules)
+"""
+
+
+def test_post_import_hooks_run_after_the_module_and_never_break_its_import(overlay_python, tmp_path):
+    (tmp_path / "watched_mod.py").write_text("VALUE = 42\n")
+    (tmp_path / "other_mod.py").write_text("VALUE = 1\n")
+    proc = run(overlay_python, POST_IMPORT.format(folder=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[42] SourceFileLoader True", "[42, 42]", "fatal propagated False"]
+    errors = proc.stderr.strip().splitlines()
+    assert errors == ["sglang-pcie: hook for watched_mod failed, module left as shipped: ValueError: boom"]
