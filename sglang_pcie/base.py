@@ -134,6 +134,13 @@ class Patch:
         """
         raise NotImplementedError
 
+    def rewrite(self, tree: SourceTree) -> dict[str, str]:
+        """The source-level equivalent of ``apply``: {module name: new source}; {} where none is needed.
+
+        ``ci/generate-diffs`` turns it into ``patches/<release>/<id>.diff``.
+        """
+        raise NotImplementedError
+
     def check_runtime(self, modules: Mapping[str, ModuleType]) -> Result:
         """With the targets imported (absent ones missing from ``modules``), is the patch in effect?"""
         raise NotImplementedError
