@@ -150,11 +150,11 @@ def run_worker(spec: dict) -> int:
         import torch
         import torch.distributed as dist
 
+        report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # the linked library; no CUDA init
         if spec["backend"] == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
             dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-            report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
             report["device"] = torch.cuda.get_device_name(device)
         else:
             device = torch.device("cpu")
@@ -240,12 +240,13 @@ def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_com
                         [*worker_command, "--worker", json.dumps(spec)],
                         env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
                         stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True))
-            error = None
+            error, failed_rank = None, None
             while True:
                 codes = [p.poll() for p in processes]
                 failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
                 if failed:  # the other ranks would wait for it in NCCL forever
-                    error = f"rank {failed[0]} {_describe_exit(codes[failed[0]])}"
+                    failed_rank = failed[0]
+                    error = f"rank {failed_rank} {_describe_exit(codes[failed_rank])}"
                     break
                 if all(code == 0 for code in codes):
                     break
@@ -257,16 +258,18 @@ def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_com
             _kill(processes)
         wall = time.monotonic() - began
         reports = []
-        for rank, (out, err) in enumerate(outputs):
+        for out, _ in outputs:
             try:
                 reports.append(json.loads(_last_line(out)))
             except ValueError:
-                reports.append({"rank": rank, "ok": False, "error": _last_line(err) or "no report"})
-    reported_errors = [f"rank {r['rank']}: {r['error']}" for r in reports if not r.get("ok") and r.get("error")]
-    if error or reported_errors:
-        # A worker's own message (capture failed, wrong sums) says more than its exit code.
-        first_reported = next((e for e in reported_errors if "no report" not in e), None)
-        return Outcome(None, first_reported or error or reported_errors[0], wall)
+                reports.append(None)
+        failed_stderr = _last_line(outputs[failed_rank][1]) if failed_rank is not None else ""
+    # A worker's own message (capture failed, wrong sums) says more than its exit code.
+    own = next((f"rank {r['rank']}: {r.get('error')}" for r in reports if r and not r.get("ok")), None)
+    if own or error:
+        return Outcome(None, own or error + (f": {failed_stderr}" if failed_stderr else ""), wall)
+    if None in reports:
+        return Outcome(None, f"rank {reports.index(None)} exited without a report", wall)
     us = {int(tokens): max(r["us"][tokens] for r in reports) for tokens in reports[0]["us"]}
     info = {k: reports[0][k] for k in ("nccl", "device") if k in reports[0]}
     return Outcome(us, None, wall, info)
@@ -341,6 +344,17 @@ def _markdown(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def verdict_note(sweep: Sweep, name: str) -> str:
+    verdict = sweep.verdict
+    if name == verdict.winner:
+        return "winner" + (" (NCCL defaults: nothing set)" if name == "default" else "")
+    if name == "default":
+        return "baseline"
+    if name in sweep.errors:  # a failure in any run drops the profile; its first error says why
+        return f"dropped: {sweep.errors[name]}"
+    return verdict.rejected.get(name) or "qualified"
+
+
 def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int) -> str:
     verdict = sweep.verdict
     header = ["profile", "variables", *[f"{t} tok" for t in tokens], "verdict"]
@@ -350,16 +364,8 @@ def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int) -
         if not runs:
             continue
         variables = " ".join(f"{k.removeprefix('NCCL_')}={v}" for k, v in profiles[name].items()) or "(none)"
-        values = verdict.worst.get(name) if verdict else None
-        if name == verdict.winner:
-            note = "winner" + (" (NCCL defaults: nothing set)" if name == "default" else "")
-        elif name == "default":
-            note = "baseline"
-        else:
-            note = verdict.rejected.get(name) or ("qualified" if name in verdict.qualified else "")
-        if values is None:
-            note = f"dropped: {sweep.errors.get(name, 'failed')}"
-        note += f" ({len(runs)} runs)" if len(runs) > 1 else ""
+        values = verdict.worst.get(name)
+        note = verdict_note(sweep, name) + (f" ({len(runs)} runs)" if len(runs) > 1 else "")
         cells = [f"{values[t]:.1f}" if values else "-" for t in tokens]
         latency.append([name, variables, *cells, note])
         if values:
@@ -484,8 +490,10 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
     verdict = sweep.verdict
     values = profiles[verdict.winner]
     measured_nccl = sweep.info.get("nccl")
-    if measured_nccl and fingerprint["nccl"] and measured_nccl not in fingerprint["nccl"]:
-        progress(f"torch runs NCCL {measured_nccl}, the installed distribution is {fingerprint['nccl']}")
+    installed = (fingerprint["nccl"] or "").split(",")
+    if measured_nccl and not any(d.endswith(f"=={measured_nccl}") for d in installed):
+        # The fingerprint still uses the distribution: it is what the launcher can read without loading NCCL.
+        progress(f"note: torch runs NCCL {measured_nccl}; installed NCCL distribution: {fingerprint['nccl']}")
     config = {
         "format": tuning.FORMAT,
         "fingerprint": fingerprint,
@@ -501,8 +509,7 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
         "table": {name: {"values": profiles[name],
                          "runs": [{str(t): round(us, 2) for t, us in run.items()} if run else None
                                   for run in sweep.measured[name]],
-                         "verdict": ("winner" if name == verdict.winner else
-                                     verdict.rejected.get(name) or sweep.errors.get(name) or "qualified")}
+                         "verdict": verdict_note(sweep, name)}
                   for name in sweep.measured},
     }
     tuning.write_config(out, config)

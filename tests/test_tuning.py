@@ -1,0 +1,440 @@
+"""sglang-pcie tune-nccl and the tuned NCCL file: winner rule, fingerprint, reading, precedence, and the sweep's
+orchestration (real subprocesses, time bounds, dropped profiles). No GPU: a scripted fake worker stands in for
+NCCL where the orchestration is under test, and the real worker runs on CPU tensors (gloo) in a real SGLang env.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sglang_pcie import nccl, tune_nccl, tuning
+from sglang_pcie.nccl import PCIE_PROFILE, Topology, decide
+from sglang_pcie.tuning import choose
+
+REPO = Path(__file__).resolve().parent.parent
+PCIE_BOX = Topology(["NVIDIA RTX PRO 6000 Blackwell"] * 8, nvlink=False, p2p=False, source="nvml")
+NVLINK_BOX = Topology(["NVIDIA H200"] * 2, nvlink=True, p2p=True, source="nvml", detail="36 active NVLink links")
+PROFILES = tune_nccl.CANDIDATES
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """A private tuned-file path, and none of the developer's NCCL switches leaking into fingerprints."""
+    monkeypatch.setenv(tuning.TUNED_FILE_VAR, str(tmp_path / "nccl-tuned.json"))
+    for name in (*tuning.TRANSPORT_VARS, *tune_nccl.TUNABLE_VARS):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "nccl-tuned.json"
+
+
+def runs(*sizes_us):
+    """runs((10, 12), (11, 12)) -> two runs over sizes 1 and 8."""
+    return [None if r is None else dict(zip((1, 8), r)) for r in sizes_us]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Winner rule
+
+
+def test_defaults_win_when_no_candidate_is_faster_everywhere():
+    measured = {"default": runs((10, 20), (10, 20)), "proto-LL": runs((12, 25), (12, 25)),
+                "pcie": runs((9, 21), (9, 21))}  # faster at 1 token, slower at 8
+    verdict = choose(measured, PROFILES)
+    assert verdict.winner == "default" and verdict.qualified == []
+    assert verdict.rejected["pcie"].startswith("slower than defaults at 8 tok")
+
+
+def test_much_faster_in_total_but_slower_at_one_size_loses():
+    measured = {"default": runs((10, 20), (10, 20)), "proto-LL": runs((10.2, 10), (10.2, 10))}
+    assert choose(measured, PROFILES).winner == "default"
+
+
+def test_tie_keeps_the_defaults():
+    measured = {"default": runs((10, 20), (10, 20)), "algo-Ring": runs((10, 20), (10, 20))}
+    verdict = choose(measured, PROFILES)
+    assert verdict.winner == "default" and "below the 3.0% needed" in verdict.rejected["algo-Ring"]
+
+
+def test_a_gain_within_the_noise_margin_is_not_a_win():
+    measured = {"default": runs((10, 20), (10, 20)), "proto-LL": runs((9.8, 19.6), (9.8, 19.6))}  # 2% faster
+    assert choose(measured, PROFILES).winner == "default"
+    measured["proto-LL"] = runs((9, 18), (9, 18))  # 10% faster
+    assert choose(measured, PROFILES).winner == "proto-LL"
+
+
+def test_noisy_defaults_raise_the_margin():
+    # The defaults' two runs differ by 10% in total: a 5% gain could be that noise, a 20% gain is not.
+    measured = {"default": runs((10, 20), (11, 22)), "proto-LL": runs((9.5, 19), (9.5, 19))}
+    verdict = choose(measured, PROFILES)
+    assert verdict.margin == pytest.approx(0.10) and verdict.winner == "default"
+    measured["proto-LL"] = runs((8, 16), (8, 16))
+    assert choose(measured, PROFILES).winner == "proto-LL"
+
+
+def test_baseline_is_the_defaults_best_and_a_candidate_its_worst_run():
+    measured = {"default": runs((10, 20), (12, 20)), "proto-LL": runs((8, 15), (10.5, 15))}
+    verdict = choose(measured, PROFILES)
+    assert verdict.baseline == {1: 10, 8: 20} and verdict.worst["proto-LL"] == {1: 10.5, 8: 15}
+    assert verdict.winner == "default" and "slower than defaults at 1 tok" in verdict.rejected["proto-LL"]
+
+
+def test_a_failed_repeat_run_drops_the_candidate():
+    measured = {"default": runs((10, 20), (10, 20)), "algo-Tree": runs((5, 10), None), "proto-LL": [None]}
+    verdict = choose(measured, PROFILES)
+    assert verdict.rejected == {"algo-Tree": "failed in a repeat run", "proto-LL": "failed"}
+    assert verdict.winner == "default"
+
+
+def test_the_best_qualifier_needs_a_confirming_run():
+    measured = {"default": runs((10, 20), (10, 20)), "proto-LL": runs((5, 10)), "algo-Ring": runs((8, 16), (8, 16))}
+    verdict = choose(measured, PROFILES)
+    assert verdict.qualified == ["proto-LL", "algo-Ring"]
+    assert verdict.pending == "proto-LL" and verdict.winner == "algo-Ring"
+    measured["proto-LL"] += runs((5.5, 11))
+    verdict = choose(measured, PROFILES)
+    assert verdict.pending is None and verdict.winner == "proto-LL"
+
+
+def test_equal_qualifiers_go_to_the_one_that_sets_fewer_variables():
+    measured = {"default": runs((10, 20), (10, 20)), "ring-LL": runs((8, 16), (8, 16)),
+                "proto-LL": runs((8, 16), (8, 16))}
+    assert choose(measured, PROFILES).winner == "proto-LL"
+
+
+def test_no_successful_default_run_means_no_verdict():
+    with pytest.raises(ValueError, match="defaults could not be measured"):
+        choose({"default": [None], "proto-LL": runs((5, 10), (5, 10))}, PROFILES)
+
+
+def test_candidates_include_defaults_and_pcie_and_never_touch_nvls():
+    assert PROFILES["default"] == {} and PROFILES["pcie"] == PCIE_PROFILE
+    assert all("NCCL_NVLS_ENABLE" not in values for values in PROFILES.values())
+    assert all(name.startswith("NCCL_") for values in PROFILES.values() for name in values)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fingerprint and the tuned file
+
+
+def write_tuned(path: Path, topology: Topology, values: dict, winner="proto-LL", **fingerprint_changes):
+    fingerprint = dict(tuning.fingerprint(topology), **fingerprint_changes)
+    tuning.write_config(path, {"format": tuning.FORMAT, "fingerprint": fingerprint, "winner": winner,
+                               "values": values})
+
+
+def test_config_path_default_xdg_and_override(tmp_path):
+    assert tuning.config_path({"HOME": "/h"}) == Path(os.path.expanduser("~")) / ".config/sglang-pcie/nccl-tuned.json"
+    assert tuning.config_path({"XDG_CONFIG_HOME": "/x"}) == Path("/x/sglang-pcie/nccl-tuned.json")
+    assert tuning.config_path({"XDG_CONFIG_HOME": "/x", tuning.TUNED_FILE_VAR: "/y/t.json"}) == Path("/y/t.json")
+
+
+def test_installed_nccl_reads_the_distribution_from_sys_path(tmp_path, monkeypatch):
+    (tmp_path / "nvidia_nccl_cu12-2.27.5.dist-info").mkdir()
+    (tmp_path / "nvidia_nccl_cu12").mkdir()  # the package folder itself is not a version
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path)])
+    assert tuning.installed_nccl() == "nvidia-nccl-cu12==2.27.5"
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing")])
+    assert tuning.installed_nccl() is None
+
+
+def test_fingerprint_differences_name_each_field():
+    here = tuning.fingerprint(NVLINK_BOX, {}, nccl="nvidia-nccl-cu13==2.30.7")
+    assert tuning.fingerprint_differences(here, dict(here)) == []
+    other = dict(here, gpus=["NVIDIA H100"] * 2, nccl="nvidia-nccl-cu12==2.27.5",
+                 transport_env={"NCCL_P2P_DISABLE": "1"})
+    assert [d.split()[0] for d in tuning.fingerprint_differences(other, here)] == ["gpus", "nccl", "transport_env"]
+    assert tuning.fingerprint(NVLINK_BOX, {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"},
+                              nccl="x")["transport_env"] == {"NCCL_P2P_DISABLE": "1"}
+
+
+def test_matching_file_gives_its_values(isolated):
+    write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL"})
+    values, reason = tuning.tuned_profile(PCIE_BOX, explicit=False)
+    assert values == {"NCCL_PROTO": "LL"} and "matches this machine" in reason and str(isolated) in reason
+
+
+def test_defaults_won_is_an_empty_profile_not_a_missing_one(isolated):
+    write_tuned(isolated, PCIE_BOX, {}, winner="default")
+    values, reason = tuning.tuned_profile(PCIE_BOX, explicit=False)
+    assert values == {} and "NCCL defaults were fastest" in reason
+
+
+def test_missing_file(isolated, capsys):
+    assert tuning.tuned_profile(PCIE_BOX, explicit=False)[0] is None
+    assert capsys.readouterr().err == ""  # auto falls back to its rule quietly
+    values, reason = tuning.tuned_profile(PCIE_BOX, explicit=True)
+    assert values is None and "no tuned NCCL file" in reason
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", '["a list"]', '{"format": 99}',
+    json.dumps({"format": 1, "fingerprint": {}, "values": {}}),
+])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_corrupt_file_is_one_warning_naming_it_and_nothing_applied(isolated, capsys, content, explicit):
+    isolated.write_text(content)
+    values, reason = tuning.tuned_profile(PCIE_BOX, explicit=explicit)
+    err = capsys.readouterr().err
+    assert values is None and err.count("\n") == 1 and str(isolated) in err
+
+
+def test_file_setting_nvls_or_non_nccl_variables_is_refused(isolated, capsys):
+    for values in ({"NCCL_NVLS_ENABLE": "1"}, {"LD_PRELOAD": "x.so"}, {"NCCL_PROTO": 1}):
+        fingerprint = tuning.fingerprint(PCIE_BOX)
+        isolated.write_text(json.dumps({"format": 1, "fingerprint": fingerprint, "values": values}))
+        assert tuning.tuned_profile(PCIE_BOX, explicit=False)[0] is None
+        assert "not an NCCL variable the tuner sets" in capsys.readouterr().err
+
+
+def test_unreadable_file_is_a_warning(isolated, capsys):
+    isolated.mkdir()  # a directory where the file should be
+    assert tuning.tuned_profile(PCIE_BOX, explicit=False)[0] is None
+    assert "cannot read tuned NCCL file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", [
+    {"gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 4},  # another count
+    {"gpus": ["NVIDIA L40S"] * 8},  # another model
+    {"nvlink": True}, {"p2p": True},
+    {"nccl": "nvidia-nccl-cu12==0.0.1"},
+    {"transport_env": {"NCCL_P2P_DISABLE": "1"}},  # measured without peer-to-peer, run with it
+])
+def test_a_file_from_another_setup_is_not_applied(isolated, change):
+    write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL"}, **change)
+    values, reason = tuning.tuned_profile(PCIE_BOX, explicit=False)
+    assert values is None and "measured on another setup" in reason and next(iter(change)) in reason
+
+
+def test_transport_switches_are_matched_against_the_environment(isolated, monkeypatch):
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL"})
+    assert tuning.tuned_profile(PCIE_BOX, explicit=False)[0] == {"NCCL_PROTO": "LL"}
+    monkeypatch.delenv("NCCL_P2P_DISABLE")
+    assert tuning.tuned_profile(PCIE_BOX, explicit=False)[0] is None
+
+
+def test_write_config_refuses_unusable_content(tmp_path):
+    with pytest.raises(ValueError, match="unusable"):
+        tuning.write_config(tmp_path / "t.json", {"format": 1, "fingerprint": {}, "values": {}})
+    assert not (tmp_path / "t.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Precedence through nccl.decide: user environment > tuned file > auto rule
+
+
+def test_auto_prefers_a_matching_tuned_file_to_its_rule(isolated):
+    write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"})
+    decision = decide("auto", {}, probe=lambda: PCIE_BOX)
+    assert decision.profile == "tuned" and decision.values == {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"}
+
+
+def test_auto_keeps_defaults_when_the_sweep_found_them_fastest(isolated):
+    write_tuned(isolated, PCIE_BOX, {}, winner="default")
+    decision = decide("auto", {}, probe=lambda: PCIE_BOX)  # the rule alone would apply pcie here
+    assert decision.profile == "tuned" and decision.values == {}
+
+
+@pytest.mark.parametrize("topology, expected", [(PCIE_BOX, PCIE_PROFILE), (NVLINK_BOX, {})])
+def test_auto_falls_back_to_its_rule_on_a_mismatch(isolated, topology, expected):
+    write_tuned(isolated, topology, {"NCCL_PROTO": "Simple"}, nccl="nvidia-nccl-cu12==0.0.1")
+    assert decide("auto", {}, probe=lambda: topology).values == expected
+
+
+def test_user_variables_beat_the_tuned_file(isolated):
+    write_tuned(isolated, NVLINK_BOX, {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"})
+    decision = decide("auto", {"NCCL_PROTO": "Simple"}, probe=lambda: NVLINK_BOX)
+    assert decision.values == {"NCCL_ALGO": "Ring"} and decision.user_set == {"NCCL_PROTO": "Simple"}
+
+
+@pytest.mark.parametrize("content", [None, "{broken", "mismatch"])
+def test_explicit_tuned_without_a_usable_file_applies_nothing(isolated, capsys, content):
+    if content == "mismatch":
+        write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL"}, gpus=["NVIDIA A100"] * 8)
+    elif content:
+        isolated.write_text(content)
+    decision = decide("tuned", {}, probe=lambda: PCIE_BOX)  # neither the file's values nor the PCIe rule
+    assert decision.profile == "none" and decision.values == {}
+    assert "SGLANG_PCIE_NCCL_PROFILE=tuned" in decision.reason or str(isolated) in decision.reason
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_explicit_tuned_with_a_matching_file(isolated):
+    write_tuned(isolated, NVLINK_BOX, {"NCCL_PROTO": "LL"})
+    decision = decide("tuned", {}, probe=lambda: NVLINK_BOX)
+    assert decision.profile == "tuned" and decision.values == {"NCCL_PROTO": "LL"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sweep's orchestration, with real subprocesses. The fake worker speaks the real worker's protocol and
+# misbehaves the ways NCCL profiles do: hanging (with a child of its own), one rank crashing while the other
+# waits, failing capture, running slower or faster.
+
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
+    rank = int(os.environ["RANK"])
+    nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    with open(os.path.join(os.environ["FAKE_WORKER_LOG"], f"{os.getpid()}.json"), "w") as log:
+        json.dump({"rank": rank, "nccl": nccl, "world": os.environ["WORLD_SIZE"]}, log)
+    if os.environ.get("FAKE_WORKER_ALL_FAIL"):
+        sys.exit("no GPU")
+    algo, proto = nccl.get("NCCL_ALGO"), nccl.get("NCCL_PROTO")
+    if algo == "Tree":  # hangs, with a child that must die with it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open(os.path.join(os.environ["FAKE_WORKER_LOG"], f"grandchild-{rank}"), "w").write(str(child.pid))
+        time.sleep(300)
+    if proto == "Simple":  # rank 1 crashes; rank 0 would wait for it forever
+        if rank == 1:
+            sys.stderr.write("boom\\n")
+            sys.exit(3)
+        time.sleep(300)
+    if proto == "LL128":
+        print(json.dumps({"rank": rank, "ok": False, "error": "RuntimeError: CUDA graph capture failed"}))
+        sys.exit(1)
+    speed = {"LL": 0.8}.get(proto, 1.0) if algo is None else 1.1
+    us = {str(t): 10.0 * t * speed + rank for t in spec["tokens"]}
+    print(json.dumps({"rank": rank, "ok": True, "us": us, "nccl": "2.27.5", "device": "Fake GPU"}))
+""")
+
+
+@pytest.fixture
+def fake_worker(tmp_path, monkeypatch):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    log = tmp_path / "log"
+    log.mkdir()
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+    return [sys.executable, str(script)], log
+
+
+def _dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in state  # killed, waiting for init to reap it
+
+
+def test_sweep_drops_hanging_crashing_and_failing_profiles_and_writes_the_winner(fake_worker, isolated, capsys,
+                                                                                  monkeypatch):
+    command, log = fake_worker
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # kept as the environment has it
+    monkeypatch.setenv("NCCL_PROTO", "Simple")  # the user's own: not part of any measurement
+    out = isolated.parent / "out" / "tuned.json"
+    code = tune_nccl.main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--timeout", "3", "--out", str(out),
+                           "--profiles", "algo-Tree,proto-Simple,proto-LL128,proto-LL,algo-Ring"],
+                          worker_command=command)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = json.loads(out.read_text())
+    assert config["winner"] == "proto-LL" and config["values"] == {"NCCL_PROTO": "LL"}
+    table = config["table"]
+    assert len(table["default"]["runs"]) == 2 and len(table["proto-LL"]["runs"]) == 2  # noise check, confirmation
+    assert table["default"]["runs"][0] == {"1": 11.0, "2": 21.0}  # the slower rank's time
+    assert table["algo-Tree"]["runs"] == [None]
+    assert table["algo-Tree"]["verdict"] == "dropped: timed out after 3 s (killed)"
+    # The crash ended the run at once (the waiting rank was killed), reported as the crash, not a timeout.
+    assert table["proto-Simple"]["verdict"] == "dropped: rank 1 exited with 3: boom"
+    assert "CUDA graph capture failed" in table["proto-LL128"]["verdict"]
+    assert table["algo-Ring"]["verdict"].startswith("slower than defaults")
+    assert config["fingerprint"]["transport_env"] == {"NCCL_NVLS_ENABLE": "0"}
+    assert config["measured"]["torch_nccl"] == "2.27.5" and config["measured"]["tp"] == 2
+
+    grandchildren = [int(p.read_text()) for p in log.glob("grandchild-*")]
+    assert grandchildren and all(_dead(pid) for pid in grandchildren)
+    environments = [json.loads(p.read_text()) for p in log.glob("*.json")]
+    assert all(e["nccl"].get("NCCL_NVLS_ENABLE") == "0" and e["world"] == "2" for e in environments)
+    assert sorted(e["rank"] for e in environments if e["nccl"] == {"NCCL_NVLS_ENABLE": "0"}) == [0, 0, 1, 1]
+    assert "| proto-LL | PROTO=LL | 9.0 | 17.0 | winner (2 runs) |" in captured.out
+    assert "Predicted communication per verify pass (2 x 61 layers" in captured.out
+    assert "measuring without your NCCL_PROTO" in captured.err and "[3/" in captured.err
+
+
+def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated, monkeypatch, capsys):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_ALL_FAIL", "1")
+    code = tune_nccl.main(["--backend", "gloo", "--tp", "2", "--out", str(isolated)], worker_command=command)
+    assert code == 1 and not isolated.exists()
+    assert "NCCL defaults could not be measured (rank " in capsys.readouterr().err
+    assert len(list(log.glob("*.json"))) == 2  # the candidates were not run
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens", "0"], "positive integers"),
+    (["--tokens", "a,b"], "positive integers"),
+    (["--timeout", "-1"], "positive number"),
+    (["--dtype", "int8"], "invalid choice"),
+    (["--profiles", "default,turbo"], "unknown profile 'turbo'"),
+    (["--tp", "1"], "at least 2 ranks"),
+    (["--backend", "gloo", "--tp", "2"], "give --out"),
+])
+def test_bad_usage_exits_2_naming_the_value(argv, message, capsys):
+    try:
+        code = tune_nccl.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_nccl_backend_needs_the_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(nccl, "probe_topology", lambda: Topology(detail="no NVIDIA driver or GPU visible"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert tune_nccl.main(["--tp", "2"]) == 2 and "only 0 GPU(s) visible" in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_profiles_and_runs_nothing(fake_worker, capsys):
+    command, log = fake_worker
+    assert tune_nccl.main(["--backend", "gloo", "--dry-run"], worker_command=command) == 0
+    out = capsys.readouterr().out
+    assert "pcie" in out and "NCCL_PROTO=LL NCCL_ALGO=Ring" in out and not list(log.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real worker, on CPU tensors, in a real SGLang environment (torch is there, not in the test interpreter)
+
+
+@pytest.fixture(scope="module")
+def torch_python():
+    cache = Path(os.environ.get("SGLANG_PCIE_CACHE") or Path.home() / ".cache" / "sglang-pcie")
+    python = cache / "envs" / "sglang-0.5.9" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python} missing (ci/sglang-env 0.5.9 builds it)")
+    return python
+
+
+def test_real_worker_checks_sums_and_the_fingerprint_names_torchs_nccl(torch_python, tmp_path):
+    out = tmp_path / "tuned.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([str(torch_python), "-m", "sglang_pcie.tune_nccl", "--backend", "gloo", "--tp", "3",
+                           "--tokens", "1,3", "--layers", "2", "--profiles", "default", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    config = json.loads(out.read_text())
+    assert config["winner"] == "default" and config["values"] == {}
+    assert [sorted(run) for run in config["table"]["default"]["runs"]] == [["1", "3"], ["1", "3"]]
+    # The launcher's cheap reading (the pip distribution) names the NCCL that torch actually links.
+    assert config["fingerprint"]["nccl"] == f"nvidia-nccl-cu12=={config['measured']['torch_nccl']}"
+
+
+def test_real_worker_sum_check_catches_a_broken_all_reduce(torch_python):
+    # An all-reduce that leaves each rank's data as it was: the check must say so.
+    code = textwrap.dedent("""
+        import torch
+        from types import SimpleNamespace
+        from sglang_pcie import tune_nccl
+        spec = {"backend": "gloo", "tokens": [2], "hidden": 16, "dtype": "bf16", "allreduces": 3}
+        try:
+            tune_nccl._measure(torch, SimpleNamespace(all_reduce=lambda t: None), spec, 0, 2, torch.device("cpu"))
+        except RuntimeError as exc:
+            print(exc)
+    """)
+    done = subprocess.run([str(torch_python), "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "wrong sums after all-reduce at 2 tokens (3 of 3 buffers)", done.stderr
