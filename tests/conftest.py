@@ -1,0 +1,138 @@
+"""Shared fixtures: pristine SGLang sources, and real SGLang installs that run code with the overlay active.
+
+``sglang_env("0.5.9")`` gives a venv holding the real ``sglang==0.5.9`` (built by ``ci/sglang-env`` on first
+use: minutes and ~11 GB), with this checkout's sglang-pcie installed into it as users install it (a wheel,
+so the real ``.pth`` start-up hook runs), and a stub ``libcuda.so.1`` on LD_LIBRARY_PATH so that SGLang's CUDA
+modules import on a machine without a GPU.  Tests never skip for lack of an env: the fixture builds it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# The checkout's own package, whatever the runner has installed (CI clones to another path).
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import cuda_stub  # noqa: E402  (pytest puts this conftest's folder, tests/, on sys.path)
+
+# Inherited variables that would change what the overlay or NCCL does in a child: tests set them explicitly.
+# PYTHONPATH goes too, so that the child imports the installed sglang-pcie, not a checkout on the path.
+HERMETIC_PREFIXES = ("SGLANG_PCIE_", "EAGLE3_", "NCCL_")
+HERMETIC_NAMES = ("PYTHONPATH",)
+OUTPUT_TAIL_CHARS = 4000
+
+
+def child_environment(stub: Path, overrides: dict | None = None, base: dict | None = None) -> dict:
+    """``base`` (default os.environ) without the overlay's, EAGLE3's and NCCL's variables, with the stub libcuda
+    first on LD_LIBRARY_PATH, then ``overrides`` (a value of None removes the variable)."""
+    env = {name: value for name, value in (os.environ if base is None else base).items()
+           if not name.startswith(HERMETIC_PREFIXES) and name not in HERMETIC_NAMES}
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(stub), env.get("LD_LIBRARY_PATH")]))
+    for name, value in (overrides or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def output_tails(proc: subprocess.CompletedProcess) -> str:
+    return (f"--- stdout (tail) ---\n{proc.stdout[-OUTPUT_TAIL_CHARS:]}\n"
+            f"--- stderr (tail) ---\n{proc.stderr[-OUTPUT_TAIL_CHARS:]}")
+
+
+@dataclass(frozen=True)
+class SglangEnv:
+    version: str
+    python: Path
+    stub_dir: Path
+    workdir: Path  # an empty cwd: with the repo as cwd, ``python -c`` would import the checkout, not the install
+
+    def env(self, overrides: dict | None = None) -> dict:
+        return child_environment(self.stub_dir, overrides)
+
+    def run(self, code: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+        """``python -c code`` in this SGLang install (overlay active through its real start-up hook)."""
+        return subprocess.run([str(self.python), "-c", code], env=self.env(env), cwd=self.workdir,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def run_json(self, code: str, env: dict | None = None, timeout: float = 900):
+        """The JSON value ``code`` prints on its last stdout line; fails the test on a non-zero exit."""
+        proc = self.run(code, env, timeout)
+        if proc.returncode != 0:
+            pytest.fail(f"child python (sglang {self.version}) exited {proc.returncode}\n{output_tails(proc)}",
+                        pytrace=False)
+        lines = proc.stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            pytest.fail(f"child python (sglang {self.version}) printed no JSON on its last stdout line\n"
+                        f"{output_tails(proc)}", pytrace=False)
+
+
+def ensure_sglang_python(version: str) -> Path:
+    """The python of the cached real install (ci/sglang-env builds it if missing; progress on stderr)."""
+    proc = subprocess.run([str(REPO / "ci" / "sglang-env"), version], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        pytest.fail(f"ci/sglang-env {version} failed (exit {proc.returncode}); its stderr is above", pytrace=False)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def install_wheel(python: Path, wheel: Path) -> None:
+    # One pip at a time per venv: parallel test sessions share these installs.
+    with open(python.parent.parent / ".sglang-pcie-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
+                               str(wheel)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"installing {wheel.name} into {python} failed\n{output_tails(proc)}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def pristine_source():
+    """``pristine_source(version)`` -> folder holding that release's pristine ``sglang`` package (.py files)."""
+    from sglang_pcie.releases import fetch_source
+
+    return fetch_source
+
+
+@pytest.fixture(scope="session")
+def checkout_wheel(tmp_path_factory) -> Path:
+    """This checkout built as a wheel, once per session: installed exactly as users install it."""
+    out = tmp_path_factory.mktemp("sglang-pcie-wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+                          capture_output=True, text=True)
+    wheels = sorted(out.glob("sglang_pcie-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        pytest.fail(f"building the sglang-pcie wheel from {REPO} failed\n{output_tails(proc)}", pytrace=False)
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def sglang_env(checkout_wheel, tmp_path_factory):
+    """``sglang_env(version)`` -> SglangEnv for a real SGLang release with this checkout installed in it."""
+    ready: dict[str, SglangEnv] = {}
+    workdir = tmp_path_factory.mktemp("sglang-env-cwd")
+
+    def get(version: str) -> SglangEnv:
+        if version not in ready:
+            python = ensure_sglang_python(version)
+            install_wheel(python, checkout_wheel)
+            ready[version] = SglangEnv(version, python, cuda_stub.stub_dir(python), workdir)
+        return ready[version]
+
+    return get
