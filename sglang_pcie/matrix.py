@@ -15,9 +15,8 @@ from typing import Callable, Iterable
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_pcie import verify
-from sglang_pcie.base import ERROR, FAILING_STATUSES, SourceTree
-from sglang_pcie.settings import load_settings
+from sglang_pcie.base import ERROR, FAILING_STATUSES, Result, SourceTree
+from sglang_pcie.registry import all_patches
 
 
 class ParsedOnceTree(SourceTree):
@@ -58,20 +57,26 @@ def select_releases(available: Iterable[str], first: str | None = None, last: st
     return sorted(chosen, key=Version)
 
 
-def check_tree(root: str) -> tuple[str, list[dict], float]:
-    """Every patch's static check on the tree at ``root``: (version, rows, CPU seconds spent).
+def check_tree(root: str) -> tuple[str, list[dict], dict[str, float]]:
+    """Every patch's static check on the tree at ``root``: (version, rows, CPU seconds per patch).
 
-    The user's environment (SGLANG_PCIE_DISABLE_PATCHES...) is ignored: the matrix describes the releases.
+    Unlike ``verify-patches`` this ignores the user's settings (SGLANG_PCIE_DISABLE_PATCHES, EAGLE3_PROFILE...):
+    the matrix says whether each patch fits the release, not whether this machine would switch it on.
     """
-    started = time.process_time()
     tree = ParsedOnceTree(root)
-    rows = verify.rows_from(verify.static_results(tree, load_settings({})))
-    return tree.version, rows, time.process_time() - started
+    rows, seconds = [], {}
+    for patch in all_patches():
+        started = time.process_time()
+        try:
+            result = patch.check_source(tree)
+        except Exception as exc:  # a checker bug is a cell of the matrix, not a crash of the run
+            result = Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+        seconds[patch.id] = time.process_time() - started
+        rows.append({"id": patch.id, "status": result.status, "detail": result.detail})
+    return tree.version, rows, seconds
 
 
 def error_rows(detail: str) -> list[dict]:
-    from sglang_pcie.registry import all_patches
-
     return [{"id": patch.id, "status": ERROR, "detail": detail} for patch in all_patches()]
 
 
@@ -87,7 +92,7 @@ def run_matrix(versions: list[str], fetch: Callable[[str], Path], fetch_jobs: in
     """
     started = time.monotonic()
     rows: dict[str, dict] = {}
-    timings = {"fetch_wall_s": 0.0, "check_cpu_s": 0.0}
+    timings = {"fetch_wall_s": 0.0, "check_cpu_s": {}}
     total = len(versions)
     progress(f"fetching {total} releases ({fetch_jobs} at a time) and checking them ({check_jobs} processes)")
     # spawn, not fork: the fetching threads are running when the pool starts its workers.
@@ -111,8 +116,9 @@ def run_matrix(versions: list[str], fetch: Callable[[str], Path], fetch_jobs: in
         for future in as_completed(checking):
             version, root = checking[future]
             try:
-                _, patches, cpu = future.result()
-                timings["check_cpu_s"] += cpu
+                _, patches, seconds = future.result()
+                for patch_id, cpu in seconds.items():
+                    timings["check_cpu_s"][patch_id] = timings["check_cpu_s"].get(patch_id, 0.0) + cpu
             except Exception as exc:  # a SourceTree that is no sglang package, a worker that died
                 patches = error_rows(f"static checks failed: {type(exc).__name__}: {exc}")
             rows[version] = {"version": version, "source": str(root), "patches": patches}
@@ -121,13 +127,15 @@ def run_matrix(versions: list[str], fetch: Callable[[str], Path], fetch_jobs: in
 
 
 def check_sources(roots: list[str]) -> list[dict]:
-    """The matrix rows for source folders given by hand (no fetching), in the order given."""
+    """The matrix rows for source folders given by hand (no fetching), in the order given.
+
+    Raises ValueError naming the first folder that holds no ``sglang`` package, before checking any.
+    """
+    for root in roots:
+        SourceTree(root)
     rows = []
     for root in roots:
-        try:
-            version, patches, _ = check_tree(root)
-        except ValueError as exc:  # not a folder holding an sglang package
-            version, patches = "unknown", error_rows(str(exc))
+        version, patches, _ = check_tree(root)
         rows.append({"version": version, "source": root, "patches": patches})
     return rows
 
