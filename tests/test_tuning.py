@@ -363,7 +363,9 @@ def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated
     code = tune_nccl.main(["--backend", "gloo", "--tp", "2", "--out", str(isolated)], worker_command=command)
     assert code == 1 and not isolated.exists()
     assert "NCCL defaults could not be measured (rank " in capsys.readouterr().err
-    assert len(list(log.glob("*.json"))) == 2  # the candidates were not run
+    started = [json.loads(p.read_text()) for p in log.glob("*.json")]
+    # Only the defaults' ranks started (the second may have been killed before it began): no candidate ran.
+    assert 1 <= len(started) <= 2 and all(e["nccl"] == {} for e in started)
 
 
 @pytest.mark.parametrize("argv, message", [
