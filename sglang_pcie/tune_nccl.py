@@ -142,6 +142,15 @@ def _measure(torch, dist, spec: dict, rank: int, world: int, device) -> dict:
     return results
 
 
+def _torch_nccl_version(torch) -> str | None:
+    """The NCCL torch links (asks the library, does not initialise CUDA); None for a build without NCCL."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def run_worker(spec: dict) -> int:
     """One rank; prints one JSON line: {"ok": true, "us": {tokens: microseconds}, ...} or {"ok": false, "error"}."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -150,7 +159,7 @@ def run_worker(spec: dict) -> int:
         import torch
         import torch.distributed as dist
 
-        report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # the linked library; no CUDA init
+        report["nccl"] = _torch_nccl_version(torch)
         if spec["backend"] == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
@@ -437,6 +446,10 @@ def _visible_gpu_count(topology) -> int:
     return topology.gpu_count
 
 
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None, worker_command: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--worker"]:
@@ -482,7 +495,13 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
         return 0
 
     command = worker_command or [sys.executable, "-m", "sglang_pcie.tune_nccl"]
-    sweep = run_sweep(profiles, spec, world, args.timeout, command)
+    # Stopped by `timeout`, a scheduler or kill: unwind, so that run_profile kills the workers (they run in
+    # their own sessions and would otherwise hold the GPUs after we are gone). Ctrl-C unwinds the same way.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        sweep = run_sweep(profiles, spec, world, args.timeout, command)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if sweep.verdict is None:
         progress(f"NCCL defaults could not be measured ({sweep.errors.get('default')}); nothing written")
         return 1

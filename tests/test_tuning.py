@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,8 @@ FAKE_WORKER = textwrap.dedent("""
         json.dump({"rank": rank, "nccl": nccl, "world": os.environ["WORLD_SIZE"]}, log)
     if os.environ.get("FAKE_WORKER_ALL_FAIL"):
         sys.exit("no GPU")
+    if os.environ.get("FAKE_WORKER_HANG"):
+        time.sleep(300)
     algo, proto = nccl.get("NCCL_ALGO"), nccl.get("NCCL_PROTO")
     if algo == "Tree":  # hangs, with a child that must die with it
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -366,6 +369,24 @@ def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated
     started = [json.loads(p.read_text()) for p in log.glob("*.json")]
     # Only the defaults' ranks started (the second may have been killed before it began): no candidate ran.
     assert 1 <= len(started) <= 2 and all(e["nccl"] == {} for e in started)
+
+
+def test_stopping_the_sweep_stops_its_workers(fake_worker, isolated, monkeypatch):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_HANG", "1")
+    code = (f"import sys; from sglang_pcie import tune_nccl; sys.exit(tune_nccl.main("
+            f"['--backend', 'gloo', '--tp', '2', '--out', {str(isolated)!r}], worker_command={command!r}))")
+    sweep = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stderr=subprocess.DEVNULL)
+    for _ in range(400):  # until both ranks have started
+        if len(list(log.glob("*.json"))) == 2:
+            break
+        time.sleep(0.05)
+    workers = [int(p.stem) for p in log.glob("*.json")]
+    assert len(workers) == 2 and sweep.poll() is None
+    sweep.terminate()  # SIGTERM, as `timeout` sends
+    assert sweep.wait(timeout=30) == 128 + 15
+    assert all(_dead(pid) for pid in workers) and not isolated.exists()
 
 
 @pytest.mark.parametrize("argv, message", [
