@@ -200,10 +200,10 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-def worker_environment(values: dict, base: dict | None = None) -> dict:
+def worker_environment(values: dict) -> dict:
     """The parent's environment without any tunable NCCL variable, plus ``values``. NCCL_NVLS_ENABLE and the
     other transport switches stay as they are."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in TUNABLE_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in TUNABLE_VARS}
     env.update(values)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     return env
@@ -474,7 +474,8 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
     available = _visible_gpu_count(topology)
     world = args.tp or (2 if gloo else available)
     if world < 2:
-        return fail(f"--tp {world}: an all-reduce needs at least 2 ranks ({available} GPU(s) visible)")
+        given = f"--tp {world}" if args.tp else f"{available} GPU(s) visible ({topology.detail or topology.source})"
+        return fail(f"{given}: an all-reduce needs at least 2 ranks")
     if not gloo and world > available:
         return fail(f"--tp {world}: only {available} GPU(s) visible ({topology.detail or topology.source})")
 
