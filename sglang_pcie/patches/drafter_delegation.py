@@ -157,7 +157,8 @@ def classify(module: str, name: str, assignments: Iterable[tuple[str, str]], for
 
 def summarize(wrappers: list[Wrapper]) -> str:
     methods = [m for m in DELEGATED_METHODS if any(m in w.missing for w in wrappers)]
-    return (f"{len(wrappers)} wrapper classes gain {', '.join(methods)}: "
+    classes = "1 class" if len(wrappers) == 1 else f"{len(wrappers)} classes"
+    return (f"{', '.join(methods)} forwarded on {classes}: "
             + ", ".join(f"{w.label} (.{w.attr})" for w in wrappers))
 
 
@@ -523,7 +524,8 @@ class DrafterDelegation(Patch):
         if qualifying:
             return Result(APPLICABLE, summarize(qualifying))
         if wrappers:
-            return Result(UPSTREAM, f"all {len(wrappers)} wrapper classes already forward the EAGLE-3 methods")
+            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
+                          + ", ".join(w.label for w in wrappers))
         return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model")
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
@@ -583,7 +585,8 @@ class DrafterDelegation(Patch):
         if from_diff:
             return Result(APPLIED, "source carries the sglang-pcie diff")
         if upstream:
-            return Result(UPSTREAM, f"all {len(upstream)} wrapper classes already forward the EAGLE-3 methods")
+            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
+                          + ", ".join(w.label for w in upstream))
         return Result(NOT_APPLICABLE, "no imported model class holds an EAGLE-3-capable language model")
 
 
