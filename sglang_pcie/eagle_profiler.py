@@ -251,7 +251,7 @@ class _Slot:
     """One cycle's marks: 0/1 bracket the cycle, then one pair per phase call."""
 
     __slots__ = ("index", "marks", "spans", "kind", "host_start", "host_end", "batch_size", "tokens",
-                 "staged_tokens", "open_phases")
+                 "staged_tokens", "open_phases", "idle_before")
 
     def __init__(self, index, marks):
         self.index = index
@@ -259,8 +259,9 @@ class _Slot:
         self.spans = []  # (phase, start mark, end mark)
         self.open_phases = set()
 
-    def reset(self, kind):
+    def reset(self, kind, idle_before):
         self.kind = kind
+        self.idle_before = idle_before  # idle cycles since the previous slot: counted in order, when read
         self.spans.clear()
         self.open_phases.clear()
         self.batch_size = self.tokens = self.staged_tokens = None
@@ -408,6 +409,7 @@ class Profiler:
         self._free = []
         self._pending = deque()
         self._current = None  # the cycle being run by the worker, if any
+        self._idle = 0  # idle cycles (DP attention ranks with nothing to do) not yet attached to a slot
         self.stats = IntervalStats()
         self.records = deque(maxlen=16)  # the last intervals' records, for inspection
         self.logger = logging.getLogger(__name__)
@@ -446,10 +448,11 @@ class Profiler:
                 return None  # nested call (a subclass calling super()), or a CUDA graph being captured
             kind = cycle_kind(args[0] if args else kwargs.get("batch", kwargs.get("model_worker_batch")))
             if kind == "idle":
-                self.stats.idle_cycles += 1
+                self._idle += 1
                 return None
             slot = self._free.pop()
-            slot.reset(kind)
+            slot.reset(kind, self._idle)
+            self._idle = 0
             slot.host_start = time.perf_counter()
             self._clock.record(slot.marks, 0)
             self._current = slot
@@ -473,6 +476,7 @@ class Profiler:
 
     def abort_cycle(self, slot):
         self._current = None
+        self._idle += slot.idle_before
         self._free.append(slot)
 
     def begin_phase(self, phase):
@@ -534,6 +538,7 @@ class Profiler:
 
     def _take(self, slot):
         clock = self._clock
+        self.stats.idle_cycles += slot.idle_before
         cycle_ms = clock.elapsed_ms(slot.marks, 0, 1)
         if slot.kind == "prefill":
             self.stats.add_prefill(cycle_ms)
@@ -577,9 +582,9 @@ class Profiler:
 
     def flush(self) -> dict | None:
         """Read every finished cycle (waiting for the GPU) and report the partial interval, if any."""
-        if not self._pending and not self.stats.decode_cycles:
-            return None
         self._drain(len(self._pending))
+        self.stats.idle_cycles += self._idle
+        self._idle = 0
         return self._report() if self.stats.decode_cycles else None
 
 
