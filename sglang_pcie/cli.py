@@ -135,14 +135,6 @@ def cmd_env(args) -> int:
     return USAGE_ERROR if settings.errors else 0
 
 
-def _delegate(module_name: str):
-    def run(args) -> int:
-        import importlib
-
-        return importlib.import_module(module_name).main(args.rest)
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-pcie", description=sglang_pcie.__doc__)
     parser.add_argument("--version", action="version", version=f"sglang-pcie {sglang_pcie.__version__}")
@@ -168,16 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
-    for name, module, help_text in (
-        ("profile-report", "sglang_pcie.profile_report", "summarise an EAGLE3_PROFILE log or JSON-lines file"),
-        ("tune-nccl", "sglang_pcie.tune_nccl", "measure NCCL profiles on the local GPUs and keep the best"),
-    ):
-        p = sub.add_parser(name, help=help_text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module))
+    # Listed for --help only: main() hands their arguments to their own modules.
+    sub.add_parser("profile-report", help="summarise an EAGLE3_PROFILE log or JSON-lines file")
+    sub.add_parser("tune-nccl", help="measure NCCL profiles on the local GPUs and keep the best")
     return parser
 
 
+# Commands whose own argument parser lives in their module; their arguments pass through untouched.
+DELEGATED = {"profile-report": "sglang_pcie.profile_report", "tune-nccl": "sglang_pcie.tune_nccl"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -162,6 +162,8 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
         else:
             chosen, reason = ("pcie", PCIE_PROFILE), (f"auto: {topology.gpu_count} GPUs without NVLink"
                                                      f" ({topology.source}): PCIe profile")
+        if tuned is None and tuning.config_path().exists():  # a tuned file measured on another machine
+            reason = f"{reason}; {tuned_reason}"
     if chosen is None:
         return NcclDecision(requested, "none", {}, {}, reason, topology)
     name, profile = chosen
