@@ -67,7 +67,7 @@ class Eagle3Profile(Patch):
             if source is None:
                 continue
             present[module] = source
-            problems.extend(f"{module}: {p}" for p in _shape_problems(ast.parse(source), module))
+            problems.extend(f"{module}: {p}" for p in _shape_problems(tree.tree(module), module))
         return present, problems
 
     def check_source(self, tree: SourceTree) -> Result:
@@ -84,7 +84,7 @@ class Eagle3Profile(Patch):
         if self.check_source(tree).status != APPLICABLE:
             return {}
         present, _ = self._inspect(tree)
-        return {module: _add_decorators(source, module) for module, source in present.items()
+        return {module: _add_decorators(source, tree.tree(module), module) for module, source in present.items()
                 if f"{DIFF_MARKER} {self.id}" not in source}
 
     # -- runtime
@@ -158,9 +158,8 @@ def _shape_problems(tree: ast.Module, module_name) -> list[str]:
     return problems
 
 
-def _add_decorators(source: str, module_name: str) -> str:
+def _add_decorators(source: str, tree: ast.Module, module_name: str) -> str:
     """The module's source with the import guard after its logger and a decorator above each timed method."""
-    tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     inserts = []  # (index of the line to insert before, text)
     logger = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n) == LOGGER_LINE)
