@@ -463,17 +463,23 @@ def _install(module: ModuleType, old_source: str, new_source: str) -> Result:
         if func.__code__ != _code_of(old_code, func_name):
             raise Drift(f"{name}.{func_name} in memory is not the one in {file} (changed by someone else?)")
         functions[func] = _code_of(new_code, func_name)
+    # New functions take their code from the whole new module too: the compiler's output depends on the module
+    # around a function (e.g. `logging.getLogger` compiles differently where `logging` is imported at top level),
+    # and the code must be the very code the diffed file compiles to.
+    new_functions = {}
     for node in added:
-        if isinstance(node, ast.ImportFrom) and not hasattr(sys.modules.get(node.module), HELPER):
+        if isinstance(node, ast.FunctionDef):
+            if node.decorator_list or node.args.defaults or node.args.kw_defaults:
+                raise Drift(f"{node.name}: the runtime patch defines plain functions only")
+            new_functions[node.name] = _code_of(new_code, node.name)
+        elif isinstance(node, ast.ImportFrom) and not hasattr(sys.modules.get(node.module), HELPER):
             raise Drift(f"{node.module} does not define {HELPER} (its patch did not apply)")
+    statements = [node for node in added if not isinstance(node, ast.FunctionDef)]
+    statements_code = compile(ast.Module(body=statements, type_ignores=[]), patched_name, "exec", dont_inherit=True)
     # Nothing fails from here on: define the helper (or import it), then swap the code.
-    helper_code = compile(ast.Module(body=added, type_ignores=[]), patched_name, "exec", dont_inherit=True)
-    exec(helper_code, module.__dict__)
-    for node in added:
-        for defined in _defined_names(node):
-            value = module.__dict__[defined]
-            if isinstance(value, FunctionType) and value.__module__ == name:
-                mark(value, PATCH_ID)
+    exec(statements_code, module.__dict__)
+    for func_name, code in new_functions.items():
+        module.__dict__[func_name] = mark(FunctionType(code, module.__dict__, func_name), PATCH_ID)
     for func, code in functions.items():
         func.__code__ = code
         mark(func, PATCH_ID)
