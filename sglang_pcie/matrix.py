@@ -190,6 +190,8 @@ def render_markdown(rows: list[dict], lacking: list[str], newest_with_diffs: str
         after = f"newer than `patches/{newest_with_diffs}/`" if newest_with_diffs else "no folder in `patches/`"
         lines += ["", f"Releases lacking diffs ({after}): {', '.join(lacking)}. "
                   f"Prepare them with `ci/prepare-release-diffs VERSION`."]
+    if patch_ids:
+        lines += ["", "Each patch's detail, for each run of releases with the same result:"]
     for pid in patch_ids:
         lines += ["", f"**{pid}**", ""]
         for versions, status, detail in _runs(rows, pid):
