@@ -171,12 +171,13 @@ PREFLIGHT_COMMENT = f'''\
 # multicast (SM120 over PCIe) fail the multicast query.
 if not {HELPER}():
 '''
-IMPORT_LINE = f"from {FUSION} import {HELPER}  # {MARKER}\n"
+IMPORT_LINES = f"from {FUSION} import (  # {MARKER}\n    {HELPER},\n)\n"
 
 
 class Sm120AllreduceFusion(Patch):
     id = PATCH_ID
-    summary = "FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in), in the gate and the resolver"
+    summary = ("FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in): the gate, the backend resolver "
+               "and the workspace preflight admit SM120 where it can run")
     why = ("On 8 x RTX PRO 6000 Blackwell (SM120) over PCIe the fusion is never used: the gate admits only SM90 and "
            "SM100, and from 0.5.14 the backend resolver raises for anything else, so every layer pays a plain NCCL "
            "all-reduce followed by separate residual and RMSNorm kernels.")
@@ -228,7 +229,8 @@ class Sm120AllreduceFusion(Patch):
             if module is None:
                 return Result(DRIFTED, f"{name} was not imported")
             changed, added = _top_level_changes(inspect.getsource(module), new_source)
-            unpatched = [n for n in changed + _function_names(added) if not is_patched(getattr(module, n, None), self.id)]
+            unpatched = [n for n in changed + _function_names(added)
+                         if not is_patched(getattr(module, n, None), self.id)]
             if unpatched:
                 return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
         gate_module, gate = _find_gate(SourceTree(_sglang_root()))
@@ -269,7 +271,7 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     fusion_import = _top_level_import_from(gate_tree, FUSION)
     host = FUSION if fusion_import is not None else gate_module
     if fusion_import is not None:
-        gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINE)
+        gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
     host_tree = fusion_tree if host == FUSION else gate_tree
     entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
     block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)")
