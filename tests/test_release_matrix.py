@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHECK = REPO / "ci" / "check-sglang-releases"
 PREPARE = REPO / "ci" / "prepare-release-diffs"
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
-REGENERATE = "ci/check-sglang-releases --from 0.5.8 --to 0.5.23 --markdown-out COMPATIBILITY.md"
+COVERED_RANGE = ("--from", COVERED_RELEASES[0], "--to", COVERED_RELEASES[-1])
+REGENERATE = f"ci/check-sglang-releases {' '.join(COVERED_RANGE)} --markdown-out COMPATIBILITY.md"
 
 
 def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
@@ -66,7 +67,7 @@ def test_bounded_range_comes_from_the_index():
 def test_compatibility_md_is_the_matrix_of_every_covered_release(tmp_path):
     """The full range shows no drift, and COMPATIBILITY.md is exactly what the script generates for it."""
     page = tmp_path / "COMPATIBILITY.md"
-    proc = run_script(CHECK, "--from", "0.5.8", "--to", "0.5.23", "--json", "--markdown-out", str(page))
+    proc = run_script(CHECK, *COVERED_RANGE, "--json", "--markdown-out", str(page))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert [row["version"] for row in report["releases"]] == list(COVERED_RELEASES)
