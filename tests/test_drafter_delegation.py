@@ -179,6 +179,7 @@ def test_drifted_when_kimi_k25_no_longer_hands_over_its_language_model(trees, tm
          "language_model=self.language_model.model,")
     result = PATCH.check_source(tree)
     assert result.status == DRIFTED and dd.KIMI_CLASS in result.detail
+    assert PATCH.rewrite(tree) == {}  # no diff for a release the patch does not fit
 
 
 # -- versioned diffs
@@ -244,9 +245,9 @@ from sglang_pcie.patches import drafter_delegation as dd
 tree = SourceTree(Path(sglang.__path__[0]).parent)
 models = {n: m for n, m in sys.modules.items() if n.startswith("sglang.srt.models.") and n.count(".") == 3}
 files = {p.stem for p in Path(sglang.__path__[0], "srt", "models").glob("*.py")}
-patched = sorted(f"{m.__name__.rsplit('.', 1)[1]}.{c.__name__}" for m in models.values() for c in vars(m).values()
+patched = sorted({f"{m.__name__.rsplit('.', 1)[1]}.{c.__name__}" for m in models.values() for c in vars(m).values()
                  if isinstance(c, type) and c.__module__ == m.__name__
-                 and any(getattr(vars(c).get(x), MARKER_ATTR, None) == dd.PATCH_ID for x in dd.DELEGATED_METHODS))
+                 and any(getattr(vars(c).get(x), MARKER_ATTR, None) == dd.PATCH_ID for x in dd.DELEGATED_METHODS)})
 called, probed = dd.eagle_target_methods(tree)
 result = dd.PATCH.check_runtime(models)
 report = {
@@ -279,6 +280,7 @@ class StandIn(torch.nn.Module):
 
 wrapper = object.__new__(Kimi)
 torch.nn.Module.__init__(wrapper)
+TRIO = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head")
 inner = wrapper.language_model = StandIn()
 wrapper.set_eagle3_layers_to_capture([2, 30, 57])
 wrapper.set_eagle3_layers_to_capture()
@@ -291,6 +293,27 @@ try:
 except AttributeError as exc:
     error = str(exc)
 report.update(calls=inner.calls, returned=list(returned), error=error)
+
+# Idempotent: applying again changes nothing.
+import sglang.srt.models.kimi_k25 as kimi_module
+before = {m: vars(Kimi)[m] for m in report["kimi_methods"]}
+again = dd.PATCH.apply(kimi_module)
+report.update(again=again.status, unchanged=all(vars(Kimi)[m] is f for m, f in before.items()))
+
+# Drift: the real kimi_k25 source, edited so that forward runs only the inner backbone.
+import inspect, linecache, types
+from sglang_pcie.base import Drift
+source = inspect.getsource(kimi_module).replace("language_model=self.language_model,",
+                                                "language_model=self.language_model.model,")
+linecache.cache["<edited kimi_k25>"] = (len(source), None, source.splitlines(True), "<edited kimi_k25>")
+edited = types.ModuleType(kimi_module.__name__)
+exec(compile(source, "<edited kimi_k25>", "exec"), vars(edited))
+try:
+    dd.PATCH.apply(edited)
+    drift = None
+except Drift as exc:
+    drift = str(exc)
+report.update(drift=drift, edited_untouched=not any(hasattr(edited.KimiK25ForConditionalGeneration, m) for m in TRIO))
 """
 
 
@@ -314,6 +337,8 @@ def test_sglang_0_5_9_wrappers_delegate(sglang_env):
     assert report["returned"] == ["embed", "head"]
     assert report["error"] == ("KimiK25ForConditionalGeneration.get_embed_and_head: "
                                "its language_model (Identity) has no get_embed_and_head")
+    assert report["again"] == "applied" and report["unchanged"]
+    assert dd.KIMI_CLASS in report["drift"] and report["edited_untouched"]
 
 
 def test_sglang_0_5_9_patch_switched_off(sglang_env):

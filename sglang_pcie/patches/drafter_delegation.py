@@ -175,15 +175,20 @@ def _is_capable_class(obj) -> bool:
 
 
 def _function_ast(function) -> ast.AST:
-    return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError) as exc:  # e.g. an install without .py files
+        raise Drift(f"no source for {function.__qualname__}: {exc}") from exc
+    return ast.parse(textwrap.dedent(source)).body[0]
 
 
 def runtime_wrappers(module: ModuleType) -> list[Wrapper]:
     """The Wrappers among the classes ``module`` defines (judged on the live classes)."""
     namespace = vars(module)
     found = []
-    for cls in list(namespace.values()):
-        if not isinstance(cls, type) or cls.__module__ != module.__name__:
+    # dict.fromkeys: a class bound to two names (``EntryClass = Foo``) is looked at once.
+    for cls in dict.fromkeys(v for v in namespace.values() if isinstance(v, type)):
+        if cls.__module__ != module.__name__:
             continue
         assignments = []
         for function in vars(cls).values():
@@ -374,13 +379,18 @@ class SourceModels:
                 if not any(self.is_capable(module, callee) for callee in callees):
                     continue
                 node, _ = self.class_ast(module, name)
-                assignments = [pair for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                               for pair in inner_model_assignments(item)]
+                functions = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                # Its own members from the ast (the outline's are only a filter): methods and class attributes.
+                own = {f.name for f in functions} | {t.id for item in node.body if isinstance(item, ast.Assign)
+                                                     for t in item.targets if isinstance(t, ast.Name)}
+                assignments = [pair for function in functions for pair in inner_model_assignments(function)]
                 wrapper = classify(
                     f"{MODELS}.{module}", name, assignments, self.forward(module, name),
                     is_capable=lambda callee, module=module: self.is_capable(module, callee),
                     inner_offers=lambda callee, m, module=module: self.offers(*self.resolve(module, callee), m),
-                    lacks=lambda m, module=module, name=name: not self.offers(module, name, m))
+                    lacks=lambda m, module=module, name=name, own=own: m not in own and not any(
+                        (base := self.resolve(module, b)) and self.offers(*base, m)
+                        for b in self.outline(module)[name].bases))
                 if wrapper:
                     found.append(wrapper)
         return found
@@ -507,40 +517,40 @@ class DrafterDelegation(Patch):
     # -- static
 
     def check_source(self, tree: SourceTree) -> Result:
-        if not (tree.root / "sglang" / "srt" / "models").is_dir():
-            return Result(DRIFTED, "no sglang/srt/models folder")
-        models = SourceModels(tree)
-        if models.carries_diff():
-            return Result(APPLIED, "source carries the sglang-pcie diff")
-        called, probed = eagle_target_methods(tree)
-        problem = _worker_problem(called, probed)
-        if problem:
-            return Result(DRIFTED, problem)
-        wrappers = models.wrappers()
-        if "kimi_k25" in models.texts and not any(w.name == KIMI_CLASS for w in wrappers):
-            return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
-                                   "forward uses (srt/models/kimi_k25.py)")
-        qualifying = [w for w in wrappers if w.missing]
-        if qualifying:
-            return Result(APPLICABLE, summarize(qualifying))
-        if wrappers:
-            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
-                          + ", ".join(w.label for w in wrappers))
-        return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model")
+        return self._assess(tree)[0]
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        models = SourceModels(tree)
-        if models.carries_diff():
+        result, models, qualifying = self._assess(tree)
+        if result.status != APPLICABLE:
             return {}
         insertions: dict[str, list[tuple[int, str]]] = {}
-        for wrapper in models.wrappers():
-            if not wrapper.missing:
-                continue
-            module = wrapper.module.rsplit(".", 1)[-1]
-            node, offset = models.class_ast(module, wrapper.name)
+        for wrapper in qualifying:
+            node, offset = models.class_ast(wrapper.module.rsplit(".", 1)[-1], wrapper.name)
             block = "".join("\n" + textwrap.indent(method_source(m, wrapper.attr), "    ") for m in wrapper.missing)
             insertions.setdefault(wrapper.module, []).append((offset + node.end_lineno, block))
         return {module: _insert_methods(tree.source(module), blocks) for module, blocks in insertions.items()}
+
+    def _assess(self, tree: SourceTree) -> tuple[Result, SourceModels | None, list[Wrapper]]:
+        """check_source's result, with the outlined models and the classes to patch."""
+        if not (tree.root / "sglang" / "srt" / "models").is_dir():
+            return Result(DRIFTED, "no sglang/srt/models folder"), None, []
+        models = SourceModels(tree)
+        if models.carries_diff():
+            return Result(APPLIED, "source carries the sglang-pcie diff"), models, []
+        problem = _worker_problem(*eagle_target_methods(tree))
+        if problem:
+            return Result(DRIFTED, problem), models, []
+        wrappers = models.wrappers()
+        if "kimi_k25" in models.texts and not any(w.name == KIMI_CLASS for w in wrappers):
+            return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
+                                   "forward uses (srt/models/kimi_k25.py)"), models, []
+        qualifying = [w for w in wrappers if w.missing]
+        if qualifying:
+            return Result(APPLICABLE, summarize(qualifying)), models, qualifying
+        if wrappers:
+            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
+                          + ", ".join(w.label for w in wrappers)), models, []
+        return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), models, []
 
     # -- runtime
 
@@ -553,7 +563,7 @@ class DrafterDelegation(Patch):
             if any(_carries_diff(getattr(module, w.name)) for w in wrappers):
                 return Result(APPLIED, "source carries the sglang-pcie diff")
             if wrappers:
-                return Result(UPSTREAM, ", ".join(w.label for w in wrappers) + " already forward the methods")
+                return Result(UPSTREAM, "the EAGLE-3 methods are upstream on " + ", ".join(w.label for w in wrappers))
             return Result(NOT_APPLICABLE, "no class here holds an EAGLE-3-capable language model")
         # Build every method first, then install: nothing half-applied.
         additions = []
