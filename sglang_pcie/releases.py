@@ -1,6 +1,8 @@
 """SGLang releases: which ones exist, and their pristine sources (wheels fetched without dependencies)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -42,10 +44,23 @@ def list_releases(index_url: str = INDEX_URL) -> list[str]:
     return [str(v) for v in sorted(versions)]
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Serialise processes that fill the same cache entry (parallel test workers, CI jobs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def fetch_wheel(version: str, wheels: Path | None = None) -> Path:
     """The release's wheel, downloaded once into the cache with ``pip download --no-deps``."""
     wheels = wheels or cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    with _locked(wheels / f".sglang-{version}.lock"):
+        return _fetch_wheel(version, wheels)
+
+
+def _fetch_wheel(version: str, wheels: Path) -> Path:
     found = _cached_wheel(version, wheels)
     if found:
         return found
@@ -71,6 +86,13 @@ def fetch_source(version: str) -> Path:
     if (root / "sglang" / "__init__.py").is_file():
         return root
     wheel = fetch_wheel(version)
+    with _locked(root.with_name(f".{version}.lock")):
+        if not (root / "sglang" / "__init__.py").is_file():
+            _unpack(wheel, root)
+    return root
+
+
+def _unpack(wheel: Path, root: Path) -> None:
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with zipfile.ZipFile(wheel) as archive:
@@ -79,4 +101,3 @@ def fetch_source(version: str) -> Path:
         archive.extractall(partial, members)
     shutil.rmtree(root, ignore_errors=True)
     partial.rename(root)
-    return root

@@ -13,14 +13,15 @@ from sglang_pcie.registry import all_patches
 def static_results(tree: SourceTree, settings) -> list[tuple[Patch, Result]]:
     results = []
     for patch in all_patches():
-        reason = patch.disabled_reason(settings)
-        if reason:
-            results.append((patch, Result(DISABLED, reason)))
-            continue
         try:
-            results.append((patch, patch.check_source(tree)))
+            result = patch.check_source(tree)
         except Exception as exc:  # a checker bug is reported, not raised
-            results.append((patch, Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")))
+            result = Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+        reason = patch.disabled_reason(settings)
+        # A patch the user switched off is reported disabled, but drift is still worth knowing about.
+        if reason and result.status not in FAILING_STATUSES:
+            result = Result(DISABLED, f"{reason} (source check: {result.status})")
+        results.append((patch, result))
     return results
 
 
