@@ -117,6 +117,9 @@ class Patch:
     runtime_method: str = ""  # how it is applied at runtime
     static_method: str = ""  # how it is checked statically against a source tree
     targets: tuple[str, ...] = ()  # modules whose import triggers ``apply``
+    # True where SGLang itself tolerates a target failing to import (its model registry skips such model
+    # modules): ``verify-patches --runtime`` then notes the failure instead of reporting an error.
+    targets_may_fail_to_import: bool = False
 
     def disabled_reason(self, settings) -> str | None:
         """Why the user switched this patch off, or None when it is on."""
