@@ -54,9 +54,12 @@ def _apply(patch: Patch, strict: bool, module: ModuleType) -> None:
         result = Result(DRIFTED, str(exc))
     except Exception as exc:  # a broken patch must not break SGLang's import
         result = Result(ERROR, f"{type(exc).__name__}: {exc}")
-    RESULTS.setdefault(patch.id, {})[module.__name__] = result
+    recorded = RESULTS.setdefault(patch.id, {})
+    already_failed = any(r.status in (DRIFTED, ERROR) for r in recorded.values())
+    recorded[module.__name__] = result
     if result.status in (DRIFTED, ERROR):
         message = f"patch {patch.id} skipped on {module.__name__}: {result.detail}"
         if strict:
             raise StrictModeError(f"sglang-pcie: SGLANG_PCIE_STRICT=1 and {message}")
-        warn(message)
+        if not already_failed:  # one line per patch, however many of its target modules it spans
+            warn(message)

@@ -96,3 +96,61 @@ def test_verify_patches_runtime_in_real_release(sglang_env, version, expected):
 def test_disable_switch_leaves_sglang_untouched(sglang_env):
     out = sglang_env("0.5.9").run_json(VERIFY, env={"SGLANG_PCIE_DISABLE": "1", "EAGLE3_PROFILE": "1"})
     assert set(out["statuses"].values()) == {"disabled"} and out["rc"] == 0
+
+
+DRIFT = '''
+import json, sys
+out = {}
+try:
+    import sglang.srt.layers.layer_boundary.residual.add_norm
+    import sglang.srt.speculative.eagle_worker_v2 as v2
+    from sglang_pcie.activate import RESULTS
+    out["imported"] = True
+    out["eagle"] = {m: r.status for m, r in RESULTS["eagle3-profile"].items()}
+    out["sm120"] = sorted({r.status for r in RESULTS["sm120-allreduce-fusion"].values()})
+except Exception as exc:
+    out["imported"] = False
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def drifted_0_5_23(sglang_env, tmp_path_factory):
+    """A copy of the real 0.5.23 install (symlinks) whose fusion gate was renamed behind an alias:
+    SGLang still works, the sm120 patch's target no longer has its shape."""
+    import shutil
+    import subprocess
+
+    env = sglang_env("0.5.23")
+    site = subprocess.run([str(env.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    root = tmp_path_factory.mktemp("drifted")
+    subprocess.run(["cp", "-rs", f"{site}/sglang", str(root / "sglang")], check=True)
+    gate = root / "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+    text = gate.read_text()
+    gate.unlink()
+    shutil.copyfile(f"{site}/sglang/srt/layers/layer_boundary/residual/add_norm.py", gate)
+    assert "def flashinfer_ar_fusion_applies(" in text
+    gate.write_text(text.replace("def flashinfer_ar_fusion_applies(", "def flashinfer_ar_fusion_gate(")
+                    + "\nflashinfer_ar_fusion_applies = flashinfer_ar_fusion_gate\n")
+    return env, root
+
+
+def test_drifted_patch_is_skipped_with_one_line_and_the_others_apply(drifted_0_5_23):
+    env, root = drifted_0_5_23
+    proc = env.run(DRIFT, env={"PYTHONPATH": str(root), "EAGLE3_PROFILE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["imported"] and out["sm120"] == ["drifted"]
+    assert set(out["eagle"].values()) == {"applied"}
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("sglang-pcie:")]
+    assert len(lines) == 1 and "patch sm120-allreduce-fusion skipped" in lines[0], proc.stderr
+
+
+def test_strict_mode_stops_at_a_drifted_patch(drifted_0_5_23):
+    env, root = drifted_0_5_23
+    out = env.run_json(DRIFT, env={"PYTHONPATH": str(root), "SGLANG_PCIE_STRICT": "1"})
+    assert not out["imported"]
+    assert out["error"].startswith("StrictModeError: sglang-pcie: SGLANG_PCIE_STRICT=1 and patch"
+                                   " sm120-allreduce-fusion skipped")

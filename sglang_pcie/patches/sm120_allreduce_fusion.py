@@ -26,6 +26,7 @@ import ast
 import functools
 import inspect
 import linecache
+import os
 import sys
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType
@@ -437,7 +438,8 @@ class _Edits:
 
 def _sglang_root() -> Path:
     """The folder holding the imported ``sglang`` package (site-packages for an installed release)."""
-    return Path(sys.modules["sglang"].__file__).resolve().parent.parent
+    # Not resolve(): the tree Python imported from, even where it is a farm of symbolic links.
+    return Path(os.path.abspath(sys.modules["sglang"].__file__)).parent.parent
 
 
 @functools.lru_cache(maxsize=4)
