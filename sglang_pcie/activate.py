@@ -3,11 +3,10 @@ loader from 0.5.11).  Idempotent: whatever path calls it, each patch is applied 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from types import ModuleType
 
-from sglang_pcie.base import (APPLIED, DISABLED, DRIFTED, ERROR, Drift, Patch, Result, StrictModeError)
+from sglang_pcie.base import DISABLED, DRIFTED, ERROR, Drift, Patch, Result, StrictModeError
 
 # patch id -> {target module name -> Result}; read by ``verify-patches --runtime``.
 RESULTS: dict[str, dict[str, Result]] = {}

@@ -61,6 +61,9 @@ class SourceTree:
         self.root = Path(root)
         if not (self.root / "sglang" / "__init__.py").is_file():
             raise ValueError(f"no sglang package under {str(self.root)!r}")
+        # Each module is read and parsed once, so the patches' checks share the work; they never modify it.
+        self._sources: dict[str, str | None] = {}
+        self._trees: dict[str, ast.Module | None] = {}
 
     @property
     def version(self) -> str:
@@ -81,12 +84,16 @@ class SourceTree:
         return None
 
     def source(self, module: str) -> str | None:
-        path = self.path(module)
-        return path.read_text(encoding="utf-8") if path else None
+        if module not in self._sources:
+            path = self.path(module)
+            self._sources[module] = path.read_text(encoding="utf-8") if path else None
+        return self._sources[module]
 
     def tree(self, module: str) -> ast.Module | None:
-        text = self.source(module)
-        return ast.parse(text) if text is not None else None
+        if module not in self._trees:
+            text = self.source(module)
+            self._trees[module] = ast.parse(text) if text is not None else None
+        return self._trees[module]
 
     def function(self, module: str, name: str) -> ast.FunctionDef | None:
         """Top-level function ``name`` in ``module``, or ``Class.method``."""
@@ -124,7 +131,7 @@ class Patch:
     def disabled_reason(self, settings) -> str | None:
         """Why the user switched this patch off, or None when it is on."""
         if self.id in settings.disabled_patches:
-            return f"listed in SGLANG_PCIE_DISABLE_PATCHES"
+            return "listed in SGLANG_PCIE_DISABLE_PATCHES"
         return None
 
     def check_source(self, tree: SourceTree) -> Result:

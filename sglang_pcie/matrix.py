@@ -15,30 +15,9 @@ from typing import Callable, Iterable
 
 from packaging.version import InvalidVersion, Version
 
-from sglang_pcie.base import ERROR, FAILING_STATUSES, Result, SourceTree
+from sglang_pcie.base import ERROR, FAILING_STATUSES, SourceTree
 from sglang_pcie.registry import all_patches
-
-
-class ParsedOnceTree(SourceTree):
-    """A SourceTree that reads and parses each module once, so the patches' checks share the parsing.
-
-    The checks only read the syntax trees they get; none may modify them.
-    """
-
-    def __init__(self, root):
-        super().__init__(root)
-        self._sources: dict = {}
-        self._trees: dict = {}
-
-    def source(self, module: str) -> str | None:
-        if module not in self._sources:
-            self._sources[module] = super().source(module)
-        return self._sources[module]
-
-    def tree(self, module: str):
-        if module not in self._trees:
-            self._trees[module] = super().tree(module)
-        return self._trees[module]
+from sglang_pcie.verify import check_source
 
 
 def parse_version(text: str) -> Version:
@@ -63,14 +42,11 @@ def check_tree(root: str) -> tuple[str, list[dict], dict[str, float]]:
     Unlike ``verify-patches`` this ignores the user's settings (SGLANG_PCIE_DISABLE_PATCHES, EAGLE3_PROFILE...):
     the matrix says whether each patch fits the release, not whether this machine would switch it on.
     """
-    tree = ParsedOnceTree(root)
+    tree = SourceTree(root)
     rows, seconds = [], {}
     for patch in all_patches():
         started = time.process_time()
-        try:
-            result = patch.check_source(tree)
-        except Exception as exc:  # a checker bug is a cell of the matrix, not a crash of the run
-            result = Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+        result = check_source(patch, tree)
         seconds[patch.id] = time.process_time() - started
         rows.append({"id": patch.id, "status": result.status, "detail": result.detail})
     return tree.version, rows, seconds

@@ -10,13 +10,18 @@ from sglang_pcie.base import DISABLED, ERROR, FAILING_STATUSES, Patch, Result, S
 from sglang_pcie.registry import all_patches
 
 
+def check_source(patch: Patch, tree: SourceTree) -> Result:
+    """The patch's static check; a checker bug is reported as an ``error`` result, never raised."""
+    try:
+        return patch.check_source(tree)
+    except Exception as exc:
+        return Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+
+
 def static_results(tree: SourceTree, settings) -> list[tuple[Patch, Result]]:
     results = []
     for patch in all_patches():
-        try:
-            result = patch.check_source(tree)
-        except Exception as exc:  # a checker bug is reported, not raised
-            result = Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+        result = check_source(patch, tree)
         reason = patch.disabled_reason(settings)
         # A patch the user switched off is reported disabled, but drift is still worth knowing about.
         if reason and result.status not in FAILING_STATUSES:
