@@ -1,0 +1,177 @@
+"""The command line on pristine release sources: verify-patches (report, exit codes), apply-diffs (all or
+nothing), env and the metadata listing."""
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+
+import pytest
+
+from sglang_pcie.base import STATUSES
+from sglang_pcie.cli import main
+from sglang_pcie.diffs import diffs_for, touched_files
+from sglang_pcie.registry import all_patches
+
+PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    for name in ("SGLANG_PCIE_NCCL_PROFILE", "SGLANG_PCIE_DISABLE_PATCHES", "EAGLE3_PROFILE", "SGLANG_PCIE_STRICT",
+                 "SGLANG_PCIE_NCCL_DECIDED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SGLANG_PCIE_TUNED_FILE", str(tmp_path / "no-tuned.json"))
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def copy_of(pristine_source, tmp_path):
+    """A writable copy of the files the diffs of ``version`` touch (plus the package marker)."""
+    def make(version):
+        source = pristine_source(version)
+        target = tmp_path / version
+        files = {"sglang/__init__.py", "sglang/_version.py", "sglang/version.py"}
+        files.update(rel for diff in diffs_for(version) for rel in touched_files(diff))
+        for rel in files:
+            if (source / rel).is_file():
+                (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / rel, target / rel)
+        return source, target, sorted(files)
+    return make
+
+
+def test_registry_ids_are_the_issue_ids():
+    assert [p.id for p in all_patches()] == PATCH_IDS
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_static_json_report(capsys, pristine_source, version):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source(version)), "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert set(report) == {"sglang_version", "mode", "source", "patches", "nccl"}
+    assert (report["sglang_version"], report["mode"]) == (version, "static")
+    assert [row["id"] for row in report["patches"]] == PATCH_IDS
+    assert all(row["status"] in STATUSES and row["detail"] for row in report["patches"])
+    # eagle3-profile is opt-in: switched off, its fit is still checked and named.
+    eagle = report["patches"][1]
+    assert eagle["status"] == "disabled" and "applicable" in eagle["detail"]
+    assert {"requested", "profile", "values", "user_set", "reason"} <= set(report["nccl"])
+
+
+def test_sglang_version_fetches_the_release(capsys):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-version", "0.5.21", "--json")
+    assert code == 0 and json.loads(out)["sglang_version"] == "0.5.21"
+
+
+def test_human_table_names_each_patch_and_the_nccl_profile(capsys, pristine_source):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("sglang 0.5.9 (static")
+    assert [line.split()[0] for line in lines[2:5]] == PATCH_IDS
+    assert lines[-1].startswith("NCCL profile:")
+
+
+def test_user_disabled_patch_is_reported_disabled(capsys, pristine_source, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", "drafter-delegation")
+    _, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")), "--json")
+    rows = {row["id"]: row for row in json.loads(out)["patches"]}
+    assert rows["drafter-delegation"]["status"] == "disabled"
+    assert rows["sm120-allreduce-fusion"]["status"] == "applicable"
+
+
+@pytest.mark.parametrize("name, value", [("SGLANG_PCIE_NCCL_PROFILE", "fastest"), ("EAGLE3_PROFILE", "yes please")])
+def test_bad_setting_exits_2_naming_it(capsys, pristine_source, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    code, _, err = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")))
+    assert code == 2 and name in err and repr(value) in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["verify-patches", "--sglang-source", "/nonexistent"],
+    ["verify-patches", "--runtime", "--sglang-version", "0.5.9"],
+    ["apply-diffs", "--target", "/nonexistent"],
+])
+def test_bad_usage_exits_2_with_one_line(capsys, argv):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("sglang-pcie: error:")
+
+
+def test_both_sources_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["verify-patches", "--sglang-source", "x", "--sglang-version", "0.5.9"])
+    assert exc.value.code == 2
+
+
+def test_drift_exits_1(capsys, copy_of):
+    _, target, _ = copy_of("0.5.9")
+    gate = target / "sglang/srt/layers/communicator.py"
+    gate.write_text(gate.read_text().replace("def apply_flashinfer_allreduce_fusion(", "def fusion_gate("))
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(target), "--json")
+    rows = {row["id"]: row["status"] for row in json.loads(out)["patches"]}
+    assert code == 1 and rows["sm120-allreduce-fusion"] == "drifted"
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_apply_diffs_dry_run_apply_reverse(capsys, copy_of, version):
+    source, target, files = copy_of(version)
+    code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--dry-run")
+    assert code == 0 and out.startswith("would apply 3 diff(s)")
+    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in files)
+
+    code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target))
+    assert code == 0 and out.startswith("applied 3 diff(s)")
+    changed = [rel for rel in files if not filecmp.cmp(source / rel, target / rel, shallow=False)]
+    assert changed and all("sglang-pcie:" in (target / rel).read_text() for rel in changed)
+
+    code, _, err = run_cli(capsys, "apply-diffs", "--target", str(target))  # twice: refused, nothing changes
+    assert code == 2 and "does not apply cleanly" in err
+
+    code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--reverse")
+    assert code == 0 and out.startswith("removed 3 diff(s)")
+    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in files)
+
+
+def test_apply_diffs_is_all_or_nothing(capsys, copy_of):
+    source, target, files = copy_of("0.5.9")
+    # The last diff (sm120-allreduce-fusion, in name order) can no longer apply: the earlier ones must not either.
+    gate = target / "sglang/srt/layers/communicator.py"
+    gate.write_text(gate.read_text().replace("(_is_sm90_supported or _is_sm100_supported)", "(_is_sm90_supported)"))
+    code, _, err = run_cli(capsys, "apply-diffs", "--target", str(target))
+    assert code == 2 and "sm120-allreduce-fusion.diff does not apply cleanly" in err and "nothing changed" in err
+    untouched = [rel for rel in files if rel != "sglang/srt/layers/communicator.py"]
+    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in untouched)
+
+
+def test_apply_diffs_for_a_release_without_diffs(capsys, tmp_path):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang/__init__.py").write_text("")
+    (tmp_path / "sglang/_version.py").write_text("__version__ = version = '0.4.0'\n")
+    code, _, err = run_cli(capsys, "apply-diffs", "--target", str(tmp_path))
+    assert code == 2 and "no diffs for sglang 0.4.0" in err
+
+
+def test_metadata_lists_every_field(capsys):
+    code, out, _ = run_cli(capsys, "verify-patches", "--metadata", "--json")
+    meta = json.loads(out)
+    assert code == 0 and [m["id"] for m in meta] == PATCH_IDS
+    for item in meta:
+        for key in ("summary", "why", "upstream", "remove_when", "releases", "upstream_check", "runtime_method",
+                    "static_method", "targets"):
+            assert item[key], (item["id"], key)
+
+
+def test_env_reports_the_decision(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "pcie")
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    code, out, _ = run_cli(capsys, "env", "--json")
+    decision = json.loads(out)
+    assert code == 0 and decision["profile"] == "pcie"
+    assert decision["user_set"] == {"NCCL_PROTO": "Simple"} and "NCCL_PROTO" not in decision["values"]
