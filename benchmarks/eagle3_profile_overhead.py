@@ -9,21 +9,33 @@ SGLang's copy_done does) and spends ~1.5 ms on host work while the GPU runs the 
 Modes, interleaved, best of ``--repeats`` each:
   off                no timers: the worker's own methods
   eagle3-profile     the methods wrapped by sglang_pcie.eagle_profiler.wrap (the real code: CUDA events on the
-                     stream, drained in batches, interval statistics, JSON-lines file, log line)
+                     stream, finished cycles read a few per call, interval statistics, JSON-lines file, log line)
   host-synchronised  the naive timer: torch.cuda.synchronize() + time.perf_counter() around every phase
 
-Prints throughput and overhead against "off" for each, the phase times each timer measured, and writes them as
-JSON to --out.  Needs only torch and a CUDA GPU (about 2 minutes on an H200).  --dry-run checks the script's
-logic without a GPU (host spins instead of kernels; figures meaningless).
+Prints throughput and overhead against "off" for each, the host time of each forward_batch_generation call (mean,
+median, p99, max: a mean far above the median means a few slow calls), the garbage collections that ran inside
+those calls, the phase times each timer measured, and writes them as JSON to --out.
 
-usage: python3 benchmarks/eagle3_profile_overhead.py [--cycles 300] [--repeats 3] [--out FILE] [--dry-run]
+--host-profile then runs eagle3-profile once more per variant - the profiler as it is, and its old hot path
+(Event.record() looking up torch.cuda.current_stream() per mark, cycles read only in batches of 64) - with the
+profiler's methods timed one by one (perf_counter around each: calls per cycle, us per cycle, worst call), and
+once under cProfile (the functions taking the most host time per cycle, C calls such as Event.record included).
+
+Needs only torch and a CUDA GPU (about 2 minutes on an H200, 30 s more with --host-profile).  --dry-run checks the
+script's logic without a GPU (host spins instead of kernels; figures meaningless).
+
+usage: python3 benchmarks/eagle3_profile_overhead.py [--cycles 300] [--repeats 3] [--out FILE] [--host-profile]
+                                                     [--dry-run]
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
 import json
 import logging
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -166,6 +178,13 @@ class Gpu:
     def phases(self):
         return {phase: graph.replay for phase, graph in self.graphs.items()}
 
+    def old_hot_path_clock(self):
+        """The profiler's clock as first written: Event.record() looks the current stream up at every mark."""
+        class OldClock(ep.CudaClock):
+            def record(self, marks, index):
+                marks[index].record()
+        return OldClock(self.torch, ep.DRAIN_BATCH + ep.DRAIN_LAG + 1)
+
     def done_marker(self):
         event = self.torch.cuda.Event()
         event.record()
@@ -187,6 +206,9 @@ class HostOnly:
     def phases(self):
         return {phase: (lambda ms=ms: spin(ms / 1e3)) for phase, ms in self.measured_ms.items()}
 
+    def old_hot_path_clock(self):
+        return ep.HostClock()
+
     def done_marker(self):
         return types.SimpleNamespace(synchronize=lambda: None)
 
@@ -201,26 +223,63 @@ class Collect(logging.Handler):
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.WARNING:  # the profiler stopping itself, say
+            print(record.getMessage(), file=sys.stderr)
 
 
-def run_once(mode, device, cycles, warmup, host_ms, profile_file):
+class GcInCalls:
+    """A gc.callbacks entry: the collections that run inside the timed calls (allocations there trigger them)."""
+
+    def __init__(self):
+        self.in_call = False
+        self.collections = [0, 0, 0]  # per generation
+        self.seconds = 0.0
+        self._start = None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter() if self.in_call else None
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+            self._start = None
+
+
+def run_once(mode, device, cycles, warmup, host_ms, profile_file, profiler=None, call_profile=None,
+             method_us=None):
+    """One run of ``cycles`` timed cycles.  ``profiler``: the one eagle3-profile uses (default: as configured);
+    ``call_profile``: a cProfile.Profile enabled around each timed forward_batch_generation call only;
+    ``method_us``: ``time_methods``'s lists, emptied when the timed cycles start."""
     sink = {}
     cls = worker_class(mode, sink, device.synchronize)
     worker = cls(device.phases(), device.accept_lens)
     batch = types.SimpleNamespace(forward_mode=DecodeMode(), is_extend_in_batch=False)
-    profiler = ep.Profiler(interval=200, path=profile_file) if mode == "eagle3-profile" else None
+    if mode == "eagle3-profile" and profiler is None:
+        profiler = ep.Profiler(interval=200, path=profile_file)
     ep.set_profiler(profiler)
-    call_s = 0.0
+    call_us = []
+    gc_in_calls = GcInCalls()
+    gc.callbacks.append(gc_in_calls)
     previous = None
     for index in range(warmup + cycles):
+        timed = index >= warmup
         if index == warmup:
             device.synchronize()
             sink.clear()
-            call_s = 0.0
+            for durations in (method_us or {}).values():
+                durations.clear()
             started = time.perf_counter()
+        if timed and call_profile is not None:
+            call_profile.enable()
+        gc_in_calls.in_call = timed
         call_start = time.perf_counter()
         result = worker.forward_batch_generation(batch)
-        call_s += time.perf_counter() - call_start
+        call_end = time.perf_counter()
+        gc_in_calls.in_call = False
+        if timed and call_profile is not None:
+            call_profile.disable()
+        if timed:
+            call_us.append((call_end - call_start) * 1e6)
         result.done = device.done_marker()
         if previous is not None:
             previous.done.synchronize()  # the scheduler processes the previous cycle's output
@@ -228,8 +287,15 @@ def run_once(mode, device, cycles, warmup, host_ms, profile_file):
         previous = result
     device.synchronize()
     elapsed = time.perf_counter() - started
-    run = {"seconds": elapsed, "host_call_us": call_s / cycles * 1e6}
+    gc.callbacks.remove(gc_in_calls)
+    run = {"seconds": elapsed, "host_call_us": statistics.fmean(call_us), "call_us": call_us,
+           "gc_in_calls": {"collections_by_generation": gc_in_calls.collections,
+                           "us_per_cycle": gc_in_calls.seconds / cycles * 1e6}}
+    if method_us is not None:  # before flush(), which reads outside the timed cycles
+        run["method_us"] = {name: list(durations) for name, durations in method_us.items()}
     if profiler is not None:
+        if not profiler.active:
+            raise SystemExit("eagle3_profile_overhead: the profiler stopped itself (see its warning above)")
         profiler.flush()
         records = [r for r in profiler.records if r["decode_cycles"]]
         total = sum(r["decode_cycles"] for r in records)
@@ -243,6 +309,87 @@ def run_once(mode, device, cycles, warmup, host_ms, profile_file):
     return run
 
 
+def distribution(values) -> dict:
+    ordered = sorted(values)
+    return {"mean": statistics.fmean(ordered), "median": ep.quantile(ordered, 0.5),
+            "p90": ep.quantile(ordered, 0.9), "p99": ep.quantile(ordered, 0.99), "max": ordered[-1],
+            "calls_over_1ms": sum(1 for v in ordered if v > 1000.0)}
+
+
+# The profiler's methods timed one by one; inclusive (end_cycle includes _read_finished and _drain, which include
+# _take, which includes _report).
+TIMED_METHODS = ("begin_cycle", "begin_phase", "end_phase", "end_cycle", "_count_tokens", "_read_finished",
+                 "_drain", "_take", "_report")
+
+
+def time_methods(profiler) -> dict:
+    """Wrap ``profiler``'s methods (instance attributes shadow the class's) to record each call's host time."""
+    durations = {name: [] for name in TIMED_METHODS}
+
+    def timed(method, sink):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                sink.append((time.perf_counter() - start) * 1e6)
+        return call
+
+    for name in TIMED_METHODS:
+        setattr(profiler, name, timed(getattr(profiler, name), durations[name]))
+    return durations
+
+
+def top_functions(profile, cycles, count=20) -> list:
+    """cProfile's functions with the most own time, per cycle."""
+    rows = []
+    for (filename, line, function), (_, calls, own_s, cumulative_s, _) in pstats.Stats(profile).stats.items():
+        where = function if filename == "~" else f"{Path(filename).name}:{line}({function})"
+        rows.append({"function": where, "calls_per_cycle": calls / cycles, "own_us_per_cycle": own_s / cycles * 1e6,
+                     "cumulative_us_per_cycle": cumulative_s / cycles * 1e6})
+    return sorted(rows, key=lambda row: row["own_us_per_cycle"], reverse=True)[:count]
+
+
+def host_profile(device, cycles, warmup, host_ms, profile_file) -> dict:
+    variants = {
+        "current": lambda: ep.Profiler(interval=200, path=profile_file),
+        "old hot path": lambda: ep.Profiler(interval=200, path=profile_file, clock=device.old_hot_path_clock(),
+                                            read_per_call=0),
+    }
+    results = {}
+    for variant, make in variants.items():
+        profiler = make()
+        run = run_once("eagle3-profile", device, cycles, warmup, host_ms, profile_file, profiler=profiler,
+                       method_us=time_methods(profiler))
+        methods = {name: {"calls_per_cycle": len(values) / cycles, "us_per_cycle": sum(values) / cycles,
+                          "max_us": max(values, default=0.0)} for name, values in run["method_us"].items()}
+        call_profile = cProfile.Profile()
+        run_once("eagle3-profile", device, cycles, warmup, host_ms, profile_file, profiler=make(),
+                 call_profile=call_profile)
+        results[variant] = {"call_us": distribution(run["call_us"]), "gc_in_calls": run["gc_in_calls"],
+                            "methods": methods, "cprofile_top": top_functions(call_profile, cycles)}
+    return results
+
+
+def print_host_profile(results) -> None:
+    for variant, result in results.items():
+        d = result["call_us"]
+        print(f"\nhost profile, eagle3-profile, {variant}: us per forward_batch_generation call: mean {d['mean']:.1f}"
+              f"  median {d['median']:.1f}  p90 {d['p90']:.1f}  p99 {d['p99']:.1f}  max {d['max']:.1f}"
+              f"  calls > 1 ms: {d['calls_over_1ms']}")
+        print(f"  garbage collections inside the calls (gen 0/1/2): "
+              f"{'/'.join(map(str, result['gc_in_calls']['collections_by_generation']))},"
+              f" {result['gc_in_calls']['us_per_cycle']:.1f} us per cycle")
+        print(f"  {'profiler method (inclusive)':<30}{'calls/cycle':>12}{'us/cycle':>10}{'worst call us':>15}")
+        for name, m in result["methods"].items():
+            print(f"  {name:<30}{m['calls_per_cycle']:12.2f}{m['us_per_cycle']:10.1f}{m['max_us']:15.1f}")
+        print("  cProfile (its own overhead inflates Python calls), top own time per cycle:")
+        print(f"  {'calls/cycle':>11}{'own us':>9}{'cum us':>9}  function")
+        for row in result["cprofile_top"]:
+            print(f"  {row['calls_per_cycle']:11.2f}{row['own_us_per_cycle']:9.1f}{row['cumulative_us_per_cycle']:9.1f}"
+                  f"  {row['function']}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=300, help="timed cycles per run (default 300)")
@@ -250,6 +397,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode; the best counts (default 3)")
     parser.add_argument("--host-ms", type=float, default=1.5, help="host work per cycle in ms (default 1.5)")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="then break eagle3-profile's host time down by profiler method and under cProfile")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: check the script's logic only")
     args = parser.parse_args(argv)
     for name in ("cycles", "repeats"):
@@ -298,10 +447,13 @@ def main(argv=None) -> int:
         best = min(runs[mode], key=lambda r: r["seconds"])
         results[mode] = {
             "runs_s": [r["seconds"] for r in runs[mode]], "best_s": best["seconds"],
-            "cycles_per_s": args.cycles / best["seconds"], "tokens_per_s": args.cycles * tokens_per_cycle / best["seconds"],
+            "cycles_per_s": args.cycles / best["seconds"],
+            "tokens_per_s": args.cycles * tokens_per_cycle / best["seconds"],
             "cycle_ms": best["seconds"] / args.cycles * 1e3,
             "overhead_pct": (best["seconds"] / best_off - 1) * 100,
-            "host_call_us": statistics.fmean(r["host_call_us"] for r in runs[mode])}
+            "host_call_us": statistics.fmean(r["host_call_us"] for r in runs[mode]),
+            "host_call_us_distribution": distribution([us for r in runs[mode] for us in r["call_us"]]),
+            "gc_in_calls": [r["gc_in_calls"] for r in runs[mode]]}
         for key in ("measured_phase_ms", "syncs", "accept_length"):
             if key in best:
                 results[mode][key] = best[key]
@@ -309,17 +461,30 @@ def main(argv=None) -> int:
               "last_profile_log_line": log.lines[-1] if log.lines else None,
               "goal_overhead_pct": 1.0, "goal_met": results["eagle3-profile"]["overhead_pct"] <= 1.0}
 
-    print(f"\n{'mode':<18}{'cycles/s':>10}{'tokens/s':>10}{'cycle ms':>10}{'overhead':>10}{'host us/call':>14}"
+    print(f"\n{'mode':<18}{'cycles/s':>10}{'tokens/s':>10}{'cycle ms':>10}{'overhead':>10}"
+          f"{'host us/call: mean':>20}{'median':>8}{'p99':>8}{'max':>8}"
           "   measured draft / verify / re-extend / cycle ms")
     for mode, r in results.items():
         measured = r.get("measured_phase_ms")
         figures = (" / ".join(f"{measured[p]:.3f}" for p in ("draft", "verify", "draft_extend", "cycle")
                               if p in measured) if measured else "-")
+        d = r["host_call_us_distribution"]
         print(f"{mode:<18}{r['cycles_per_s']:10.2f}{r['tokens_per_s']:10.1f}{r['cycle_ms']:10.3f}"
-              f"{r['overhead_pct']:9.2f}%{r['host_call_us']:14.1f}   {figures}")
+              f"{r['overhead_pct']:9.2f}%{r['host_call_us']:20.1f}{d['median']:8.1f}{d['p99']:8.1f}{d['max']:8.0f}"
+              f"   {figures}")
+    for mode, r in results.items():
+        collections = [sum(run["collections_by_generation"][g] for run in r["gc_in_calls"]) for g in range(3)]
+        print(f"{mode}: garbage collections inside the calls over {args.repeats} runs (gen 0/1/2):"
+              f" {'/'.join(map(str, collections))},"
+              f" {statistics.fmean(run['us_per_cycle'] for run in r['gc_in_calls']):.1f} us per cycle")
     print(f"eagle3-profile: forced GPU waits {results['eagle3-profile'].get('syncs')}, "
           f"{report['profile_log_lines']} log lines, {json_lines} JSON lines; goal <= 1% overhead: "
-          f"{'met' if report['goal_met'] else 'NOT met'}")
+          f"{'met' if report['goal_met'] else 'NOT met'}", flush=True)
+    if args.host_profile:
+        with tempfile.TemporaryDirectory() as scratch:
+            report["host_profile"] = host_profile(device, args.cycles, args.warmup, meta["host_ms"],
+                                                  os.path.join(scratch, "host-profile.jsonl"))
+        print_host_profile(report["host_profile"])
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")

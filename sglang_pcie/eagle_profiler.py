@@ -12,11 +12,13 @@ Why the timers do not change what they measure:
   launches that phase on (SGLang's forward stream under the overlap scheduler).  Events sit outside any CUDA graph:
   they bracket the graph replay on the stream, so they time it.  Recording costs a few microseconds of host time and
   no GPU time; nothing waits for the GPU while a cycle runs.
-* Events live in a fixed ring of slots, one slot per cycle.  Finished cycles are read in batches
-  (``DRAIN_BATCH`` at a time) only once the newest cycle of the batch is ``DRAIN_LAG`` cycles old: by then the GPU
-  has finished them (SGLang never runs more than a cycle or two ahead), so reading needs no synchronisation.  If a
-  batch were not finished, the reader waits for it once (counted as ``syncs`` in the report).  So: at most one
-  synchronisation per batch, none in practice, none per phase.
+* Events live in a fixed ring of slots, one slot per cycle.  After each cycle the reader takes at most
+  ``READ_PER_CALL`` of the oldest cycles that are ``DRAIN_LAG`` cycles old and that the GPU has passed (it asks with
+  ``cudaEventQuery``, which never waits; by then the GPU has finished them, SGLang never runs more than a cycle or
+  two ahead).  So reading is spread over the cycles: no call reads a whole batch.  Only if ``DRAIN_BATCH +
+  DRAIN_LAG`` cycles pile up unread (a GPU that far behind) does the reader wait, once, and read ``DRAIN_BATCH`` of
+  them (counted as ``syncs`` in the report).  So: at most one synchronisation per batch, none in practice, none
+  per phase.
 * Under the overlap scheduler the next cycle is launched before the previous one has finished on the GPU.  Each
   cycle has its own slot and its events are recorded in stream order, so its GPU timings are its own; the accepted
   token count of a v2 cycle (a GPU tensor) is summed on the stream and copied into pinned host memory on the
@@ -64,8 +66,9 @@ CYCLE = "cycle"
 PHASES = ("draft", "verify", "draft_extend")  # a decode cycle's phases, in cycle order
 REPORTED = PHASES + ("other", CYCLE)  # "other": the cycle minus its phases (host gaps, bookkeeping kernels)
 
-DRAIN_BATCH = 64  # cycles read at a time
+DRAIN_BATCH = 64  # cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread
 DRAIN_LAG = 4  # cycles left unread behind the newest, so the ones read are finished on the GPU
+READ_PER_CALL = 2  # finished cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
 MAX_SPANS = 6  # phase calls timed per cycle (pipeline-parallel tail drafting calls draft twice)
 RESERVOIR = 4096  # samples kept per series per interval for p50/p90
 
@@ -199,8 +202,17 @@ class CudaClock:
 
     def __init__(self, torch, slots):
         self.torch = torch
-        # accepted-token sums of v2 cycles, copied here on the stream: readable once the cycle's events are
+        # accepted-token sums of v2 cycles, copied here on the stream: readable once the cycle's events are.
+        # One 0-d view per slot, made once: indexing would build a tensor per cycle.
         self.pinned_tokens = torch.zeros(slots, dtype=torch.int64, pin_memory=True)
+        self.pinned_slots = self.pinned_tokens.unbind()
+        # torch.cuda.current_stream() (what Event.record() calls) runs ~15 Python calls to build a Stream; the current
+        # (device, stream) from torch's C API is two calls.  The Stream is rebuilt only when that key changes, so
+        # every mark is still recorded on the stream current at that moment.  Without those C functions: Event.record().
+        get_device = getattr(torch._C, "_cuda_getDevice", None)
+        get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+        self._stream_key_now = (lambda: get_stream(get_device())) if get_device and get_stream else None
+        self._stream_key = self._stream = None
 
     def new_marks(self, count):
         return [self.torch.cuda.Event(enable_timing=True) for _ in range(count)]
@@ -209,7 +221,14 @@ class CudaClock:
         return self.torch.cuda.is_current_stream_capturing()
 
     def record(self, marks, index):
-        marks[index].record()
+        if self._stream_key_now is None:
+            marks[index].record()
+            return
+        key = self._stream_key_now()
+        if key != self._stream_key:
+            self._stream = self.torch.cuda.current_stream()
+            self._stream_key = key
+        marks[index].record(self._stream)
 
     def is_done(self, marks, index):
         return marks[index].query()
@@ -224,11 +243,11 @@ class CudaClock:
         if not accept_lens.is_cuda:
             return int(accept_lens.sum())
         total = accept_lens.sum(dtype=self.torch.int64)
-        self.pinned_tokens[slot_index].copy_(total, non_blocking=True)
-        return None  # read from pinned_tokens once the cycle's end event has completed
+        self.pinned_slots[slot_index].copy_(total, non_blocking=True)
+        return None  # read from pinned memory once the cycle's end event has completed
 
     def read_tokens(self, slot_index, staged):
-        return int(self.pinned_tokens[slot_index]) if staged is None else staged
+        return int(self.pinned_slots[slot_index]) if staged is None else staged
 
 
 def default_clock(slots):
@@ -396,13 +415,14 @@ class Profiler:
     """Collects the cycles of one process's EAGLE worker and reports every ``interval`` decode cycles."""
 
     def __init__(self, interval=200, baseline_ms=None, path=None, clock=None, drain_batch=DRAIN_BATCH,
-                 drain_lag=DRAIN_LAG):
+                 drain_lag=DRAIN_LAG, read_per_call=READ_PER_CALL):
         self.interval = interval
         self.baseline_ms = baseline_ms
         self.path = path
         self.active = True  # False on ranks other than TP 0, and once something went wrong
         self.drain_batch = max(1, min(drain_batch, interval))
         self.drain_lag = drain_lag
+        self.read_per_call = read_per_call  # 0: read only in batches of drain_batch
         self._clock = clock
         self._bound = False
         self._slots = []
@@ -469,6 +489,7 @@ class Profiler:
             slot.host_end = time.perf_counter()
             self._current = None
             self._pending.append(slot)
+            self._read_finished(self.read_per_call)
             if len(self._pending) >= self.drain_batch + self.drain_lag:
                 self._drain(self.drain_batch)
         except Exception as exc:
@@ -523,10 +544,26 @@ class Profiler:
 
     # -- reading finished cycles
 
+    def _read_finished(self, limit):
+        """Read up to ``limit`` of the oldest cycles ``drain_lag`` cycles old that the GPU has passed; never waits."""
+        pending, clock = self._pending, self._clock
+        while limit > 0 and len(pending) > self.drain_lag:
+            slot = pending[0]
+            for mark_index in _end_marks(slot):
+                if not clock.is_done(slot.marks, mark_index):
+                    return  # the GPU is behind: read it after a later cycle, or in a batch
+            pending.popleft()
+            try:
+                self._take(slot)
+            finally:
+                self._free.append(slot)
+            limit -= 1
+
     def _drain(self, count):
+        """Read the ``count`` oldest cycles, waiting for the GPU (once) if it has not passed them."""
         batch = [self._pending.popleft() for _ in range(min(count, len(self._pending)))]
         for slot in reversed(batch):  # newest first: once it is done, the older ones on its stream are too
-            for mark_index in [1] + [end for _, _, end in slot.spans]:
+            for mark_index in _end_marks(slot):
                 if not self._clock.is_done(slot.marks, mark_index):
                     self._clock.wait(slot.marks, mark_index)
                     self.stats.syncs += 1
@@ -586,6 +623,11 @@ class Profiler:
         self.stats.idle_cycles += self._idle
         self._idle = 0
         return self._report() if self.stats.decode_cycles else None
+
+
+def _end_marks(slot):
+    """The marks recorded last in a slot: the cycle's end, then each phase's (a phase may run on another stream)."""
+    return [1] + [end for _, _, end in slot.spans]
 
 
 def cycle_kind(batch) -> str:

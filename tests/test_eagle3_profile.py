@@ -181,19 +181,36 @@ def profiler_factory():
 
 def test_cycles_are_read_only_once_the_gpu_passed_them(profiler_factory):
     clock = GpuTimeline()
-    profiler = profiler_factory(interval=8, clock=clock, drain_batch=4, drain_lag=2)
+    profiler = profiler_factory(interval=8, clock=clock, drain_batch=4, drain_lag=2, read_per_call=2)
     worker = Worker()
     for _ in range(5):
         worker.forward_batch_generation(batch())
-    assert profiler.stats.decode_cycles == 0  # nothing read yet: 5 cycles < batch 4 + lag 2
-    clock.completed = clock.recorded  # the GPU catches up
+    assert profiler.stats.decode_cycles == 0  # the GPU has passed none: nothing read, nothing waited for
+    clock.completed = clock.recorded  # the GPU catches up with cycles 1-5
     worker.forward_batch_generation(batch())
-    assert profiler.stats.decode_cycles == 4 and clock.waits == 0  # read 4, none waited for
-    # a GPU far behind: the reader waits once per batch (for its newest cycle), never per phase
-    for _ in range(4):
+    assert profiler.stats.decode_cycles == 2 and clock.waits == 0  # a few per call, not the 4 it could
+    worker.forward_batch_generation(batch())
+    assert profiler.stats.decode_cycles == 4 and clock.waits == 0
+    worker.forward_batch_generation(batch())
+    assert profiler.stats.decode_cycles == 5 and clock.waits == 0  # cycle 6 is not finished: left unread
+    # a GPU far behind: once batch 4 + lag 2 cycles are unread, the reader waits once for the batch's newest
+    for _ in range(3):
         worker.forward_batch_generation(batch())
     assert clock.waits == 1 and profiler.stats.syncs == 0  # the interval (8) was reported: its record has it
     assert profiler.records[-1]["syncs"] == 1 and profiler.records[-1]["decode_cycles"] == 8
+    assert profiler.stats.decode_cycles == 1 and len(profiler._pending) == 2
+
+
+def test_read_per_call_zero_reads_only_in_batches(profiler_factory):
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=8, clock=clock, drain_batch=4, drain_lag=2, read_per_call=0)
+    worker = Worker()
+    for _ in range(5):
+        worker.forward_batch_generation(batch())
+        clock.completed = clock.recorded
+    assert profiler.stats.decode_cycles == 0
+    worker.forward_batch_generation(batch())
+    assert profiler.stats.decode_cycles == 4 and clock.waits == 0  # the 4 oldest, finished: no wait
 
 
 def test_phase_times_tokens_and_kinds_of_cycles(profiler_factory, tmp_path):
