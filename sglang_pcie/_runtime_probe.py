@@ -23,7 +23,7 @@ def _import_target(name):
 def probe() -> dict:
     import sglang
 
-    from sglang_pcie.activate import RESULTS, activate
+    from sglang_pcie.activate import RESULTS, SWITCHED_OFF, activate
     from sglang_pcie.registry import all_patches
 
     active = activate()  # no-op when the start-up hook already activated the overlay
@@ -40,8 +40,8 @@ def probe() -> dict:
         failed = [r for r in recorded.values() if r.status in FAILING_STATUSES]
         if not active:
             result = Result(DISABLED, "SGLANG_PCIE_DISABLE is set")
-        elif "*" in recorded:
-            result = recorded["*"]
+        elif patch.id in SWITCHED_OFF:
+            result = Result(DISABLED, SWITCHED_OFF[patch.id])
         elif failed:
             result = failed[0]
         elif errors and not patch.targets_may_fail_to_import:

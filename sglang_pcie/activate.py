@@ -6,10 +6,12 @@ import functools
 import sys
 from types import ModuleType
 
-from sglang_pcie.base import DISABLED, DRIFTED, ERROR, Drift, Patch, Result, StrictModeError
+from sglang_pcie.base import DRIFTED, ERROR, Drift, Patch, Result, StrictModeError
 
 # patch id -> {target module name -> Result}; read by ``verify-patches --runtime``.
 RESULTS: dict[str, dict[str, Result]] = {}
+# patch id -> why the user switched it off in this process (its hooks were never registered).
+SWITCHED_OFF: dict[str, str] = {}
 _activated = False
 
 
@@ -39,7 +41,7 @@ def activate() -> bool:
     for patch in registry.all_patches():
         reason = patch.disabled_reason(settings)
         if reason:
-            RESULTS[patch.id] = {"*": Result(DISABLED, reason)}
+            SWITCHED_OFF[patch.id] = reason
             continue
         for target in patch.targets:
             watcher.watch(target, functools.partial(_apply, patch, settings.strict))

@@ -343,11 +343,12 @@ def test_sglang_0_5_9_wrappers_delegate(sglang_env):
 
 def test_sglang_0_5_9_patch_switched_off(sglang_env):
     code = ("import json\nfrom sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Kimi\n"
-            "from sglang_pcie.activate import RESULTS\n"
+            "from sglang_pcie.activate import RESULTS, SWITCHED_OFF\n"
             "print(json.dumps({'has': [m for m in %r if hasattr(Kimi, m)],"
-            " 'results': {k: v.status for k, v in RESULTS.get('drafter-delegation', {}).items()}}))\n" % (TRIO,))
+            " 'results': {k: v.status for k, v in RESULTS.get('drafter-delegation', {}).items()},"
+            " 'switched_off': SWITCHED_OFF.get('drafter-delegation')}))\n" % (TRIO,))
     report = sglang_env("0.5.9").run_json(code, env={"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})
-    assert report == {"has": [], "results": {"*": "disabled"}}
+    assert report == {"has": [], "results": {}, "switched_off": "listed in SGLANG_PCIE_DISABLE_PATCHES"}
 
 
 def test_sglang_0_5_23_upstream_methods_left_alone(sglang_env):
