@@ -55,8 +55,6 @@ RESOLVER_CAPABILITY = {("is_sm90_supported()", "is_sm100_supported()"),  # 0.5.1
 PREFLIGHT_SIZES = "_flashinfer_trtllm_workspace_allocation_sizes"
 HELPER = "_sglang_pcie_sm120_fusion_ok"
 IS_SM120 = "_sglang_pcie_is_sm120"
-DECISION = "_sglang_pcie_sm120_fusion"
-OPT_IN_VALUES = ("1", "true", "yes", "on")  # as sglang_pcie.settings reads SGLANG_PCIE_SM120_FUSION
 
 # Inserted into the release, self-contained (the diffs must work without sglang-pcie installed).
 # __ENTRY_POINTS__ becomes what the release's flashinfer_comm_fusion.py calls on flashinfer.comm.
