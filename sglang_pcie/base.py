@@ -10,6 +10,7 @@ The same object answers three questions:
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -109,6 +110,16 @@ class SourceTree:
             body = cls.body
         return next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and n.name == member), None)
+
+
+def installed_sglang_root() -> Path | None:
+    """The folder holding the ``sglang`` package this interpreter imports (found without importing it; once it
+    is imported, the imported one), or None when there is none."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.origin:
+        return None
+    # Not resolve(): the tree Python imports from, even where it is a farm of symbolic links.
+    return Path(os.path.abspath(spec.origin)).parent.parent
 
 
 class Patch:

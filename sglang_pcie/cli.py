@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,14 +16,6 @@ def _fail(message: str) -> int:
     return USAGE_ERROR
 
 
-def installed_sglang_root() -> Path | None:
-    """The folder holding the installed ``sglang`` package, found without importing it."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.origin:
-        return None
-    return Path(spec.origin).parent.parent
-
-
 def _settings_or_errors():
     from sglang_pcie.settings import load_settings
 
@@ -36,7 +27,7 @@ def _settings_or_errors():
 
 def cmd_verify_patches(args) -> int:
     from sglang_pcie import nccl, verify
-    from sglang_pcie.base import DISABLED, SourceTree
+    from sglang_pcie.base import DISABLED, SourceTree, installed_sglang_root
     from sglang_pcie.registry import all_patches
 
     if args.metadata:
@@ -92,7 +83,7 @@ def cmd_verify_patches(args) -> int:
 
 
 def cmd_apply_diffs(args) -> int:
-    from sglang_pcie.base import SourceTree
+    from sglang_pcie.base import SourceTree, installed_sglang_root
     from sglang_pcie.diffs import DiffError, apply_diffs, diffs_for
 
     root = Path(args.target) if args.target else installed_sglang_root()

@@ -21,11 +21,9 @@ The one rule runs on live classes (each ``sglang.srt.models.*`` module, right af
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import linecache
 import re
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
 
 from sglang_pcie.base import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift,
-                              Patch, Result, SourceTree, is_patched, mark)
+                              Patch, Result, SourceTree, installed_sglang_root, is_patched, mark)
 
 PATCH_ID = "drafter-delegation"
 MODELS = "sglang.srt.models"
@@ -614,16 +612,9 @@ def _worker_problem(called: set[str], probed: set[str]) -> str | None:
 
 def installed_models_folder() -> Path | None:
     """``sglang/srt/models`` of the sglang this interpreter imports (without importing it), or None."""
-    sglang = sys.modules.get("sglang")
-    paths = getattr(sglang, "__path__", None)
-    if paths is None:
-        spec = importlib.util.find_spec("sglang")
-        paths = spec.submodule_search_locations if spec else None
-    for path in paths or ():
-        folder = Path(path) / "srt" / "models"
-        if folder.is_dir():
-            return folder
-    return None
+    root = installed_sglang_root()
+    folder = root / "sglang" / "srt" / "models" if root else None
+    return folder if folder and folder.is_dir() else None
 
 
 PATCH = DrafterDelegation()

@@ -26,14 +26,13 @@ import ast
 import functools
 import inspect
 import linecache
-import os
 import sys
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType
 from typing import Mapping
 
 from sglang_pcie.base import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch,
-                              Result, SourceTree, is_patched, mark)
+                              Result, SourceTree, installed_sglang_root, is_patched, mark)
 
 PATCH_ID = "sm120-allreduce-fusion"
 MARKER = f"{DIFF_MARKER} {PATCH_ID}"
@@ -212,7 +211,7 @@ class Sm120AllreduceFusion(Patch):
         source = inspect.getsource(module)
         if MARKER in source:
             return Result(APPLIED, "source carries the sglang-pcie diff")
-        status, detail, sources = _rewrite_installed(_sglang_root())
+        status, detail, sources = _rewrite_installed(installed_sglang_root())
         if status != APPLICABLE:
             return Result(status, detail)
         if name not in sources:
@@ -220,7 +219,7 @@ class Sm120AllreduceFusion(Patch):
         return _install(module, source, sources[name])
 
     def check_runtime(self, modules: Mapping[str, ModuleType]) -> Result:
-        status, detail, sources = _rewrite_installed(_sglang_root())
+        status, detail, sources = _rewrite_installed(installed_sglang_root())
         if status != APPLICABLE:
             return Result(status, detail)
         for name, new_source in sources.items():
@@ -232,7 +231,7 @@ class Sm120AllreduceFusion(Patch):
                          if not is_patched(getattr(module, n, None), self.id)]
             if unpatched:
                 return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
-        gate_module, gate = _find_gate(SourceTree(_sglang_root()))
+        gate_module, gate = _find_gate(SourceTree(installed_sglang_root()))
         return Result(APPLIED, f"{gate_module.rsplit('.', 1)[1]}.{gate} admits SM120 when opted in and able to run")
 
 
@@ -433,12 +432,6 @@ class _Edits:
 
 
 # -- the runtime side: the same text, compiled into the live modules
-
-def _sglang_root() -> Path:
-    """The folder holding the imported ``sglang`` package (site-packages for an installed release)."""
-    # Not resolve(): the tree Python imported from, even where it is a farm of symbolic links.
-    return Path(os.path.abspath(sys.modules["sglang"].__file__)).parent.parent
-
 
 @functools.lru_cache(maxsize=4)
 def _rewrite_installed(root: Path) -> tuple[str, str, dict[str, str]]:
