@@ -29,10 +29,13 @@ def diffs_root() -> Path:
     raise DiffError(f"no diffs folder found beside {package}")
 
 
-def releases_with_diffs() -> list[str]:
+def releases_with_diffs(root: Path | None = None) -> list[str]:
+    """The release folders of ``root`` (default: diffs_root()) holding any diff, oldest first."""
     from packaging.version import Version
 
-    root = diffs_root()
+    root = diffs_root() if root is None else root
+    if not root.is_dir():
+        return []
     return sorted((p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.diff"))), key=Version)
 
 

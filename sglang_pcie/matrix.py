@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from packaging.version import InvalidVersion, Version
 
 from sglang_pcie.base import ERROR, FAILING_STATUSES, SourceTree
+from sglang_pcie.diffs import releases_with_diffs
 from sglang_pcie.registry import all_patches
 from sglang_pcie.verify import check_source
 
@@ -118,9 +119,8 @@ def check_sources(roots: list[str]) -> list[dict]:
 
 def newest_with_diffs(diffs_root: Path) -> str | None:
     """The newest release folder of ``diffs_root`` (``patches/``) holding any diff."""
-    folders = [p.name for p in diffs_root.iterdir() if p.is_dir() and any(p.glob("*.diff"))] \
-        if diffs_root.is_dir() else []
-    return max(folders, key=Version, default=None)
+    folders = releases_with_diffs(diffs_root)
+    return folders[-1] if folders else None
 
 
 def annotate_diffs(rows: list[dict], diffs_root: Path) -> list[str]:
