@@ -5,17 +5,10 @@ These need no SGLang: they check what the ``.pth`` hook does in a plain interpre
 from __future__ import annotations
 
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def build_wheel(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
-                   check=True)
-    return next(out.glob("sglang_pcie-*.whl"))
 
 
 def make_venv(path: Path, install: list[str] | None = None) -> Path:

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from overlay_venv import REPO, build_wheel, make_venv, site_packages
+from overlay_venv import REPO, make_venv, site_packages
 
 
 def run(python, code, env=None, cwd=None):
@@ -18,13 +18,8 @@ def run(python, code, env=None, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
-
-
-@pytest.fixture(scope="module")
-def overlay_python(tmp_path_factory, wheel):
-    return make_venv(tmp_path_factory.mktemp("overlay") / "venv", [str(wheel)])
+def overlay_python(tmp_path_factory, checkout_wheel):
+    return make_venv(tmp_path_factory.mktemp("overlay") / "venv", [str(checkout_wheel)])
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +62,11 @@ def test_disable_variable_installs_nothing(overlay_python):
     assert state(overlay_python, {"SGLANG_PCIE_DISABLE": "1"})["watchers"] == 0
 
 
-def test_existing_sitecustomize_is_neither_shadowed_nor_overwritten(tmp_path, wheel):
+def test_existing_sitecustomize_is_neither_shadowed_nor_overwritten(tmp_path, checkout_wheel):
     python = make_venv(tmp_path / "venv")
     mine = site_packages(python) / "sitecustomize.py"
     mine.write_text("import os\nos.environ['SITECUSTOMIZE_RAN'] = 'yes'\n")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(checkout_wheel)], check=True)
     assert mine.read_text() == "import os\nos.environ['SITECUSTOMIZE_RAN'] = 'yes'\n"
     proc = run(python, """
         import os, sys
