@@ -23,6 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script (see above), tests/ is on the path, not the checkout
+    sys.path.insert(0, str(REPO))
+
+from sglang_pcie.releases import cache_dir  # noqa: E402
+
 CUDA_ERROR_NO_DEVICE = 100
 DRIVER_SYMBOL = re.compile(r"cu[A-Z]\w*")
 # Entry points that loaders (cudart, cuda-python, triton) look up by name rather than link against,
@@ -57,10 +63,6 @@ static const char *describe(int error) {{
                               : "unknown error (sglang-pcie stub libcuda)";
 }}
 """
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SGLANG_PCIE_CACHE") or Path.home() / ".cache" / "sglang-pcie")
 
 
 def site_packages(venv_python: Path) -> list[Path]:
@@ -103,7 +105,7 @@ def c_source(symbols: set[str]) -> str:
 
 def build(source: str) -> Path:
     """Compile once per distinct source into the cache; returns the folder holding libcuda.so.1."""
-    folder = cache_root() / "cuda-stub" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    folder = cache_dir() / "cuda-stub" / hashlib.sha256(source.encode()).hexdigest()[:16]
     library = folder / "libcuda.so.1"
     if library.is_file():
         return folder
