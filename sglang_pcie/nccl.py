@@ -143,11 +143,11 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
         chosen, reason = ("pcie", PCIE_PROFILE), "SGLANG_PCIE_NCCL_PROFILE=pcie"
     elif requested == "tuned":
         topology = probe()
-        tuned, reason = tuning.tuned_profile(topology, explicit=True)
+        tuned, reason = tuning.tuned_profile(topology, explicit=True, environ=env)
         chosen = ("tuned", tuned) if tuned is not None else None
     else:  # auto
         topology = probe()
-        tuned, tuned_reason = tuning.tuned_profile(topology, explicit=False)
+        tuned, tuned_reason = tuning.tuned_profile(topology, explicit=False, environ=env)
         if tuned is not None:
             chosen, reason = ("tuned", tuned), tuned_reason
         elif topology.gpu_count == 0:
@@ -162,7 +162,7 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
         else:
             chosen, reason = ("pcie", PCIE_PROFILE), (f"auto: {topology.gpu_count} GPUs without NVLink"
                                                      f" ({topology.source}): PCIe profile")
-        if tuned is None and tuning.config_path().exists():  # a tuned file measured on another machine
+        if tuned is None and tuning.config_path(env).exists():  # a tuned file measured on another machine
             reason = f"{reason}; {tuned_reason}"
     if chosen is None:
         return NcclDecision(requested, "none", {}, {}, reason, topology)

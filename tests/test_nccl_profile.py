@@ -12,9 +12,8 @@ NVLINK_BOX = Topology(["NVIDIA H200"] * 2, nvlink=True, p2p=True, source="nvml",
 NO_GPU = Topology(detail="no NVIDIA driver or GPU visible")
 
 
-@pytest.fixture(autouse=True)
-def no_tuned_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("SGLANG_PCIE_TUNED_FILE", str(tmp_path / "absent.json"))
+# The process environment the decisions see: no user NCCL variables, and no tuned file.
+NO_TUNED = {"SGLANG_PCIE_TUNED_FILE": "/nonexistent/sglang-pcie/nccl-tuned.json"}
 
 
 def test_pcie_profile_is_the_measured_set():
@@ -30,21 +29,21 @@ def test_pcie_profile_is_the_measured_set():
     (Topology(["A", "B"], nvlink=None, source="nvidia-smi"), "none"),
 ])
 def test_auto_applies_pcie_only_without_nvlink(topology, expected):
-    decision = decide("auto", {}, probe=lambda: topology)
+    decision = decide("auto", NO_TUNED, probe=lambda: topology)
     assert decision.profile == expected
     assert decision.values == (PCIE_PROFILE if expected == "pcie" else {})
     assert "NCCL_NVLS_ENABLE" not in decision.values
 
 
 def test_auto_never_pushes_pcie_values_onto_nvlink_even_if_asked_nothing():
-    decision = decide("auto", {}, probe=lambda: NVLINK_BOX)
+    decision = decide("auto", NO_TUNED, probe=lambda: NVLINK_BOX)
     assert "NVLink" in decision.reason and decision.values == {}
 
 
 def test_explicit_pcie_applies_without_probing():
     def probe():
         raise AssertionError("pcie must not probe the GPUs")
-    assert decide("pcie", {}, probe=probe).values == PCIE_PROFILE
+    assert decide("pcie", NO_TUNED, probe=probe).values == PCIE_PROFILE
 
 
 def test_user_variables_are_never_overwritten():
@@ -56,12 +55,12 @@ def test_user_variables_are_never_overwritten():
 
 @pytest.mark.parametrize("requested", ["off", None])
 def test_off_and_invalid_apply_nothing(requested):
-    decision = decide(requested, {}, probe=lambda: PCIE_BOX)
+    decision = decide(requested, NO_TUNED, probe=lambda: PCIE_BOX)
     assert decision.profile == "none" and decision.values == {}
 
 
 def test_apply_for_process_writes_once_and_children_inherit():
-    env = {}
+    env = dict(NO_TUNED)
     settings = load_settings({"SGLANG_PCIE_NCCL_PROFILE": "pcie"})
     apply_for_process(settings, env)
     assert {k: env[k] for k in PCIE_PROFILE} == PCIE_PROFILE and env[nccl.DECIDED_VAR] == "pcie"

@@ -232,25 +232,25 @@ def test_write_config_refuses_unusable_content(tmp_path):
 
 def test_auto_prefers_a_matching_tuned_file_to_its_rule(isolated):
     write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"})
-    decision = decide("auto", {}, probe=lambda: PCIE_BOX)
+    decision = decide("auto", dict(os.environ), probe=lambda: PCIE_BOX)
     assert decision.profile == "tuned" and decision.values == {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"}
 
 
 def test_auto_keeps_defaults_when_the_sweep_found_them_fastest(isolated):
     write_tuned(isolated, PCIE_BOX, {}, winner="default")
-    decision = decide("auto", {}, probe=lambda: PCIE_BOX)  # the rule alone would apply pcie here
+    decision = decide("auto", dict(os.environ), probe=lambda: PCIE_BOX)  # the rule alone would apply pcie here
     assert decision.profile == "tuned" and decision.values == {}
 
 
 @pytest.mark.parametrize("topology, expected", [(PCIE_BOX, PCIE_PROFILE), (NVLINK_BOX, {})])
 def test_auto_falls_back_to_its_rule_on_a_mismatch(isolated, topology, expected):
     write_tuned(isolated, topology, {"NCCL_PROTO": "Simple"}, nccl="nvidia-nccl-cu12==0.0.1")
-    assert decide("auto", {}, probe=lambda: topology).values == expected
+    assert decide("auto", dict(os.environ), probe=lambda: topology).values == expected
 
 
 def test_user_variables_beat_the_tuned_file(isolated):
     write_tuned(isolated, NVLINK_BOX, {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"})
-    decision = decide("auto", {"NCCL_PROTO": "Simple"}, probe=lambda: NVLINK_BOX)
+    decision = decide("auto", {**os.environ, "NCCL_PROTO": "Simple"}, probe=lambda: NVLINK_BOX)
     assert decision.values == {"NCCL_ALGO": "Ring"} and decision.user_set == {"NCCL_PROTO": "Simple"}
 
 
@@ -260,7 +260,7 @@ def test_explicit_tuned_without_a_usable_file_applies_nothing(isolated, capsys, 
         write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL"}, gpus=["NVIDIA A100"] * 8)
     elif content:
         isolated.write_text(content)
-    decision = decide("tuned", {}, probe=lambda: PCIE_BOX)  # neither the file's values nor the PCIe rule
+    decision = decide("tuned", dict(os.environ), probe=lambda: PCIE_BOX)  # neither the file's values nor the PCIe rule
     assert decision.profile == "none" and decision.values == {}
     assert "SGLANG_PCIE_NCCL_PROFILE=tuned" in decision.reason or str(isolated) in decision.reason
     assert capsys.readouterr().err.count("\n") == 1
@@ -268,7 +268,7 @@ def test_explicit_tuned_without_a_usable_file_applies_nothing(isolated, capsys, 
 
 def test_explicit_tuned_with_a_matching_file(isolated):
     write_tuned(isolated, NVLINK_BOX, {"NCCL_PROTO": "LL"})
-    decision = decide("tuned", {}, probe=lambda: NVLINK_BOX)
+    decision = decide("tuned", dict(os.environ), probe=lambda: NVLINK_BOX)
     assert decision.profile == "tuned" and decision.values == {"NCCL_PROTO": "LL"}
 
 
