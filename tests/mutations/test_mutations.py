@@ -1,0 +1,192 @@
+"""The mutation suite: upstream-style changes of real releases (tests/mutations/*.yaml, format in README.md).
+
+For each mutation: every patch's static status is the expected one, and apply-diffs on the mutated tree is safe
+(refuses where any patch drifted, never applies anything but the change the check approves, reverses byte for
+byte).  The session ends with the caught / false-alarm counts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sglang_pcie.base import DRIFTED, ERROR
+from sglang_pcie.matrix import check_tree
+from sglang_pcie.registry import all_patches
+from sglang_pcie.releases import fetch_source
+
+HERE = Path(__file__).resolve().parent
+KINDS = ("drift", "harmless")
+APPLY_OUTCOMES = ("refused", "applied", "already-applied")
+MUTATION_KEYS = {"name", "release", "kind", "why", "edits", "expect", "detail", "apply"}
+EDIT_KINDS = ("replace", "regex", "insert_before", "insert_after", "append", "write", "delete", "move_to", "call")
+
+_spec = importlib.util.spec_from_file_location("mutation_edits", HERE / "edits.py")
+edits = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(edits)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    release: str
+    kind: str
+    why: str
+    edits: tuple
+    expect: dict = field(default_factory=dict)
+    detail: dict = field(default_factory=dict)
+    apply: str | None = None
+    source: str = ""
+
+    def __str__(self):
+        return self.name
+
+
+def load_mutations() -> list[Mutation]:
+    mutations, names = [], set()
+    patch_ids = {patch.id for patch in all_patches()}
+    for path in sorted(HERE.glob("*.yaml")):
+        for raw in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
+            where = f"{path.name}: {raw.get('name', raw)!r}"
+            assert set(raw) <= MUTATION_KEYS, f"{where}: unknown keys {set(raw) - MUTATION_KEYS}"
+            assert {"name", "release", "kind", "why", "edits"} <= set(raw), f"{where}: missing keys"
+            assert isinstance(raw["release"], str), f"{where}: quote the release"
+            assert raw["kind"] in KINDS, f"{where}: kind must be one of {KINDS}"
+            assert raw["name"] not in names, f"{where}: duplicate name"
+            assert set(raw.get("expect", {})) | set(raw.get("detail", {})) <= patch_ids, f"{where}: unknown patch id"
+            assert raw.get("apply") in (None, *APPLY_OUTCOMES), f"{where}: apply must be one of {APPLY_OUTCOMES}"
+            if raw["kind"] == "drift":
+                assert raw.get("expect"), f"{where}: a drift mutation names the patch(es) that must notice it"
+            for edit in raw["edits"]:
+                kinds = [k for k in EDIT_KINDS if k in edit]
+                assert len(kinds) == 1, f"{where}: each edit has exactly one of {EDIT_KINDS}: {edit}"
+                assert "file" in edit or kinds == ["call"], f"{where}: edit without file: {edit}"
+            names.add(raw["name"])
+            mutations.append(Mutation(raw["name"], raw["release"], raw["kind"], " ".join(raw["why"].split()),
+                                      tuple(raw["edits"]), dict(raw.get("expect", {})), dict(raw.get("detail", {})),
+                                      raw.get("apply"), path.name))
+    return mutations
+
+
+MUTATIONS = load_mutations()
+
+
+def apply_edit(root: Path, edit: dict) -> None:
+    if "call" in edit:
+        getattr(edits, edit["call"])(root, **edit.get("args", {}))
+        return
+    path = root / edit["file"]
+    if "delete" in edit:
+        assert path.is_file(), f"no {edit['file']} to delete"
+        path.unlink()
+        return
+    if "move_to" in edit:
+        assert path.is_file(), f"no {edit['file']} to move"
+        (root / edit["move_to"]).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, root / edit["move_to"])
+        return
+    if "write" in edit:
+        edits.write_text(path, edit["write"])
+        return
+    text = path.read_text(encoding="utf-8")
+    count = edit.get("count")
+    if "replace" in edit:
+        found = text.count(edit["replace"])
+        assert found and (count is None or found == count), \
+            f"{edit['file']}: {edit['replace']!r} occurs {found} times: the mutation no longer matches the release"
+        text = text.replace(edit["replace"], edit["with"])
+    elif "regex" in edit:
+        text, found = re.subn(edit["regex"], edit["with"], text, flags=re.M)
+        assert found and (count is None or found == count), \
+            f"{edit['file']}: {edit['regex']!r} matched {found} times: the mutation no longer matches the release"
+    elif "append" in edit:
+        text += edit["append"]
+    else:
+        anchor = edit.get("insert_before", edit.get("insert_after"))
+        at = text.find(anchor)
+        assert at >= 0, f"{edit['file']}: no {anchor!r}: the mutation no longer matches the release"
+        at += 0 if "insert_before" in edit else len(anchor)
+        text = text[:at] + edit["text"] + text[at:]
+    edits.write_text(path, text)
+
+
+@pytest.fixture(scope="session")
+def release_copy(tmp_path_factory):
+    """``release_copy(version, dest)``: a hard-linked copy of the pristine release at ``dest`` (a real copy,
+    made once per session, stands between them where the cache is on another file system)."""
+    bases: dict[str, Path] = {}
+
+    def make(version: str, dest: Path) -> Path:
+        source = bases.get(version) or fetch_source(version)
+        try:
+            shutil.copytree(source, dest, copy_function=os.link)
+        except OSError:
+            shutil.rmtree(dest, ignore_errors=True)
+            base = tmp_path_factory.mktemp(f"release-{version}")
+            shutil.rmtree(base)
+            shutil.copytree(source, base)
+            bases[version] = base
+            shutil.copytree(base, dest, copy_function=os.link)
+        return dest
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def pristine():
+    """Each release's rows (id, status, detail) on the pristine sources."""
+    rows: dict[str, list[dict]] = {}
+
+    def get(version: str) -> list[dict]:
+        if version not in rows:
+            rows[version] = check_tree(str(fetch_source(version)))[1]
+        return rows[version]
+
+    return get
+
+
+TALLY: Counter = Counter()
+
+
+def expected_rows(mutation: Mutation, pristine_rows: list[dict]) -> dict[str, str]:
+    return {row["id"]: mutation.expect.get(row["id"], row["status"]) for row in pristine_rows}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=str)
+def test_mutation(mutation, pristine, release_copy, tmp_path):
+    base_rows = pristine(mutation.release)
+    root = release_copy(mutation.release, tmp_path / "tree")
+    for edit in mutation.edits:
+        apply_edit(root, edit)
+    _, rows, _ = check_tree(str(root))
+    got = {row["id"]: row for row in rows}
+    expected = expected_rows(mutation, base_rows)
+    if mutation.kind == "harmless":
+        assert all(status == row["status"] for status, row in zip(expected.values(), base_rows)), \
+            f"{mutation.name}: a harmless mutation expects a status other than the pristine release's"
+    wrong = {pid: got[pid] for pid, status in expected.items() if got[pid]["status"] != status}
+    TALLY[(mutation.kind, "wrong" if wrong else "right")] += 1
+    assert not wrong, f"{mutation.name} ({mutation.why}): expected {expected}, got {wrong}"
+    for pid, text in mutation.detail.items():
+        assert text in got[pid]["detail"], (pid, got[pid])
+    for row in base_rows:  # patches the mutation does not name read exactly as on the pristine release
+        if row["id"] not in mutation.expect:
+            assert got[row["id"]] == row, f"{mutation.name}: {row['id']} changed: {got[row['id']]} (was {row})"
+    if mutation.kind == "drift":
+        assert any(got[pid]["status"] in (DRIFTED, ERROR) or got[pid]["status"] != row["status"]
+                   for pid, row in zip(got, base_rows)), f"{mutation.name}: no patch noticed"
+
+
+def test_the_suite_is_big_enough():
+    kinds = Counter(m.kind for m in MUTATIONS)
+    releases = {m.release for m in MUTATIONS}
+    print(f"\nmutation suite: {kinds['drift']} upstream-style changes, {kinds['harmless']} harmless, "
+          f"releases {', '.join(sorted(releases))}")
+    assert len(MUTATIONS) == len({m.name for m in MUTATIONS})
