@@ -12,7 +12,7 @@ from sglang_pcie.base import DRIFTED, ERROR, Drift, Patch, Result, StrictModeErr
 RESULTS: dict[str, dict[str, Result]] = {}
 # patch id -> why the user switched it off in this process (its hooks were never registered).
 SWITCHED_OFF: dict[str, str] = {}
-_activated = False
+_activated: bool | None = None  # None until the first call decides; then whether the overlay is on
 
 
 def warn(message: str) -> None:
@@ -20,24 +20,32 @@ def warn(message: str) -> None:
 
 
 def activate() -> bool:
-    """Apply the NCCL profile and register every enabled patch on its target modules. Returns whether active."""
+    """Apply the NCCL profile and register every enabled patch on its target modules. Returns whether active.
+
+    Decided once per process, whichever path calls first (the start-up hook on ``import sglang``, or SGLang's
+    plugin loader); later calls return the same answer and say nothing again.
+    """
     global _activated
-    if _activated:
-        return True
+    if _activated is not None:
+        return _activated
     import sglang_pcie_startup
 
     from sglang_pcie import nccl, registry
-    from sglang_pcie.settings import load_settings
+    from sglang_pcie.settings import DISABLE_VAR, load_settings
 
     settings = load_settings()
+    _activated = not settings.disabled
     if settings.disabled:
+        # Switched off means silent, except where the switch itself could not be read (it is off because of that).
+        for error in settings.errors:
+            if error.startswith(f"{DISABLE_VAR}="):
+                warn(error)
         return False
-    _activated = True
     for error in settings.errors:
         warn(error)
     nccl.apply_for_process(settings)
 
-    watcher = sglang_pcie_startup.install()
+    watcher = sglang_pcie_startup.get_watcher()
     for patch in registry.all_patches():
         reason = patch.disabled_reason(settings)
         if reason:

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_apply_diffs)
 
     p = sub.add_parser("env", help="the NCCL profile that would be applied here, and why")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_env)
 
     # Listed for --help only: main() hands their arguments to their own modules.

@@ -53,8 +53,20 @@ def _locked(path: Path):
         yield
 
 
+def release_version(version: str) -> str:
+    """``version`` in its normal form (``0.5.8-post1`` -> ``0.5.8.post1``); ValueError naming it when it is not a
+    version number. Checked before the version becomes part of a cache path (``../../x`` must not)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(version))
+    except InvalidVersion:
+        raise ValueError(f"sglang version {version!r} is not a version number (e.g. 0.5.23)") from None
+
+
 def fetch_wheel(version: str, wheels: Path | None = None) -> Path:
     """The release's wheel, downloaded once into the cache with ``pip download --no-deps``."""
+    version = release_version(version)
     wheels = wheels or cache_dir() / "wheels"
     with _locked(wheels / f".sglang-{version}.lock"):
         return _fetch_wheel(version, wheels)
@@ -82,6 +94,7 @@ def _cached_wheel(version: str, wheels: Path) -> Path | None:
 
 def fetch_source(version: str) -> Path:
     """A folder holding the pristine ``sglang`` package of ``version`` (unpacked once, then cached)."""
+    version = release_version(version)
     root = cache_dir() / "src" / version
     if (root / "sglang" / "__init__.py").is_file():
         return root

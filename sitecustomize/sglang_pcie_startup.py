@@ -10,11 +10,22 @@ The finder is also the overlay's post-import hook mechanism: ``watch(name, callb
 import os
 import sys
 
-_FALSY = ("", "0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
-def _disabled():
-    return os.environ.get("SGLANG_PCIE_DISABLE", "").strip().lower() not in _FALSY
+def parse_flag(raw):
+    """True or False for a boolean setting's value, None when it is neither.
+
+    The one parser of every boolean setting: ``sglang_pcie.settings`` imports it, so the kill switch reads
+    the same here, before anything is loaded, as it does when SGLang is imported.
+    """
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return None
 
 
 class _PostImportLoader:
@@ -94,14 +105,23 @@ def _on_sglang_imported(module):
     activate()
 
 
-def install():
-    """Install the watcher once per interpreter; returns it (None when the overlay is disabled)."""
+def get_watcher():
+    """The interpreter's one watcher, installed on first use."""
     for finder in sys.meta_path:
         if isinstance(finder, ImportWatcher):
             return finder
-    if _disabled():
-        return None
     watcher = ImportWatcher()
     sys.meta_path.insert(0, watcher)
     watcher.watch("sglang", _on_sglang_imported)
     return watcher
+
+
+def install():
+    """Run by ``sglang_pcie.pth``: watch for ``import sglang``; None when SGLANG_PCIE_DISABLE is on.
+
+    A value that is not a boolean also ends with the overlay off, but that is decided (and said, once) by
+    ``activate`` when SGLang is imported: a warning here would reach every interpreter, SGLang or not.
+    """
+    if parse_flag(os.environ.get("SGLANG_PCIE_DISABLE", "")):
+        return None
+    return get_watcher()

@@ -21,7 +21,9 @@ def clean_environment(monkeypatch, tmp_path):
     for name in ("SGLANG_PCIE_NCCL_PROFILE", "SGLANG_PCIE_DISABLE_PATCHES", "EAGLE3_PROFILE", "SGLANG_PCIE_STRICT",
                  "SGLANG_PCIE_NCCL_DECIDED"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SGLANG_PCIE_TUNED_FILE", str(tmp_path / "no-tuned.json"))
+    # No tuned file: the default path in an empty folder (a named file that is missing is a bad setting).
+    monkeypatch.delenv("SGLANG_PCIE_TUNED_FILE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
 
 
 def run_cli(capsys, *argv):
@@ -175,3 +177,99 @@ def test_env_reports_the_decision(capsys, monkeypatch):
     decision = json.loads(out)
     assert code == 0 and decision["profile"] == "pcie"
     assert decision["user_set"] == {"NCCL_PROTO": "Simple"} and "NCCL_PROTO" not in decision["values"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Settings and arguments validated before anything happens (helper `settings`): exit 2, one line naming them.
+
+
+@pytest.mark.parametrize("name, value, shown", [
+    ("SGLANG_PCIE_DISABLE_PATCHES", "drafter-delgation", "'drafter-delgation'"),
+    ("SGLANG_PCIE_DISABLE_PATCHES", "eagle3-profile\udcff", "b'eagle3-profile\\xff'"),
+    ("SGLANG_PCIE_TUNED_FILE", "/nonexistent/nccl-tuned.json", "'/nonexistent/nccl-tuned.json'"),
+    ("EAGLE3_PROFILE_BASELINE_MS", "inf", "'inf'"),
+    ("EAGLE3_PROFILE_FILE", "/nonexistent/profile.jsonl", "'/nonexistent/profile.jsonl'"),
+    ("SGLANG_PCIE_DISABLE", "maybe", "'maybe'"),
+])
+@pytest.mark.parametrize("command", ["env", "verify-patches"])
+def test_every_bad_setting_exits_2_naming_it(capsys, pristine_source, monkeypatch, name, value, shown, command):
+    monkeypatch.setenv(name, value)
+    argv = [command] if command == "env" else [command, "--sglang-source", str(pristine_source("0.5.23"))]
+    code, _, err = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.startswith("sglang-pcie: error:")]
+    assert code == 2 and len(lines) == 1 and f"{name}={shown}" in lines[0], err
+
+
+def test_malformed_tuned_file_exits_2_naming_the_variable(capsys, monkeypatch, tmp_path):
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text("{not json")
+    monkeypatch.setenv("SGLANG_PCIE_TUNED_FILE", str(tuned))
+    code, _, err = run_cli(capsys, "env")
+    assert code == 2 and f"sglang-pcie: error: SGLANG_PCIE_TUNED_FILE={str(tuned)!r}: " in err
+
+
+@pytest.mark.parametrize("version", ["../../x", "banana", "0.5.23/../../../y"])
+def test_bad_version_is_one_line_naming_it_and_creates_nothing(capsys, monkeypatch, tmp_path, version):
+    cache = tmp_path / "a" / "b" / "cache"
+    monkeypatch.setenv("SGLANG_PCIE_CACHE", str(cache))
+    code, _, err = run_cli(capsys, "verify-patches", "--sglang-version", version)
+    assert code == 2 and err == f"sglang-pcie: error: sglang version {version!r} is not a version number (e.g. 0.5.23)\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []
+
+
+def _parsers():
+    """(command, parser) for the top-level parser, every subcommand, and every delegated command's own parser
+    (captured when its main() asks argparse to parse), whatever commands exist now."""
+    import argparse
+    import importlib
+
+    from sglang_pcie import cli
+
+    found = []
+
+    def walk(name, parser):
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    if sub_name not in cli.DELEGATED:
+                        walk(f"{name} {sub_name}", sub)
+
+    walk("sglang-pcie", cli.build_parser())
+
+    class Captured(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        raise Captured(self)
+
+    for name, module in sorted(cli.DELEGATED.items()):
+        original = argparse.ArgumentParser.parse_known_args
+        argparse.ArgumentParser.parse_known_args = capture  # parse_args goes through it too
+        try:
+            importlib.import_module(module).main([])
+        except Captured as exc:
+            walk(f"sglang-pcie {name}", exc.args[0])
+        else:
+            found.append((f"sglang-pcie {name}", None))  # its main() never parsed arguments
+        finally:
+            argparse.ArgumentParser.parse_known_args = original
+    return found
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    parsers = _parsers()
+    missing = []
+    for name, parser in parsers:
+        if parser is None:
+            missing.append(f"{name}: no argparse parser found")
+            continue
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {choice.dest for choice in action._choices_actions if choice.help}
+                missing += [f"{name} {sub}: no help" for sub in action.choices if sub not in helped]
+            elif not action.help:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert len(parsers) >= 6 and not missing, "\n".join(missing)
