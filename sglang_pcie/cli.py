@@ -155,11 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands their arguments to their own modules.
     sub.add_parser("profile-report", help="summarise an EAGLE3_PROFILE log or JSON-lines file")
     sub.add_parser("tune-nccl", help="measure NCCL profiles on the local GPUs and keep the best")
+    sub.add_parser("bench", help="one real server per variant (baseline, overlay, profile, yours), side by side")
+    sub.add_parser("make-test-models", help="write a tiny random Llama target and EAGLE-3 drafter (no downloads)")
     return parser
 
 
 # Commands whose own argument parser lives in their module; their arguments pass through untouched.
-DELEGATED = {"profile-report": "sglang_pcie.profile_report", "tune-nccl": "sglang_pcie.tune_nccl"}
+DELEGATED = {"profile-report": "sglang_pcie.profile_report", "tune-nccl": "sglang_pcie.tune_nccl",
+             "bench": "sglang_pcie.bench", "make-test-models": "sglang_pcie.test_models"}
 
 
 def main(argv: list[str] | None = None) -> int:
