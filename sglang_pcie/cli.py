@@ -157,12 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tune-nccl", help="measure NCCL profiles on the local GPUs and keep the best")
     sub.add_parser("bench", help="one real server per variant (baseline, overlay, profile, yours), side by side")
     sub.add_parser("make-test-models", help="write a tiny random Llama target and EAGLE-3 drafter (no downloads)")
+    sub.add_parser("check-drafter", help="check an EAGLE-3 drafter against its target without loading weights")
     return parser
 
 
 # Commands whose own argument parser lives in their module; their arguments pass through untouched.
 DELEGATED = {"profile-report": "sglang_pcie.profile_report", "tune-nccl": "sglang_pcie.tune_nccl",
-             "bench": "sglang_pcie.bench", "make-test-models": "sglang_pcie.test_models"}
+             "bench": "sglang_pcie.bench", "make-test-models": "sglang_pcie.test_models",
+             "check-drafter": "sglang_pcie.check_drafter"}
 
 
 def main(argv: list[str] | None = None) -> int:

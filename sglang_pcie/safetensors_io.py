@@ -6,7 +6,8 @@ to the end of the header) and may carry ``"__metadata__"`` (str -> str). Readers
 for ``read_tensor``, that one tensor's bytes: a checkpoint of any size costs one small read.
 
 Stable API (shared by check-drafter and the benchmark's tiny test models):
-- ``write_safetensors(path, tensors, metadata=None)``: tensors maps name -> (dtype, shape, raw little-endian bytes).
+- ``write_safetensors(path, tensors, metadata=None)``: tensors maps name -> (dtype, shape, raw little-endian bytes);
+  bytes None means zeros, left as a hole in a sparse file (a header-valid 1 TB checkpoint costs no disk).
 - ``read_header(path) -> dict``: name -> {"dtype", "shape", "data_offsets"}, validated.
 - ``read_metadata(path) -> dict``: the ``__metadata__`` block, or {}.
 - ``read_tensor(path, name) -> (dtype, shape, values)``: values flat, as an ``array.array`` (or a list for
@@ -79,7 +80,8 @@ def pack(dtype: str, values) -> bytes:
 
 
 def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
-    """Write ``tensors`` (name -> (dtype, shape, raw little-endian bytes)) to ``path``, in the given order."""
+    """Write ``tensors`` (name -> (dtype, shape, raw little-endian bytes or None for zeros)) to ``path``, in the
+    given order."""
     header: dict = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -88,10 +90,12 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None
     for name, (dtype, shape, data) in tensors.items():
         shape = [int(d) for d in shape]
         expected = numel(shape) * element_size(dtype)
-        if len(data) != expected:
+        if data is None:
+            data = expected  # a hole of this many zero bytes
+        elif len(data) != expected:
             raise ValueError(f"tensor {name!r}: {len(data)} bytes given, {dtype} {shape} needs {expected}")
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + expected]}
+        offset += expected
         blobs.append(data)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the format pads the header with spaces to an 8-byte boundary
@@ -99,7 +103,11 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for data in blobs:
-            f.write(data)
+            if isinstance(data, int):
+                f.seek(data, os.SEEK_CUR)
+            else:
+                f.write(data)
+        f.truncate()  # a trailing hole still counts towards the file size
 
 
 def _read_raw_header(path) -> tuple[dict, int, int]:
