@@ -1,13 +1,20 @@
-"""``sglang-pcie tune-nccl``: measure candidate NCCL profiles on the local GPUs and keep the best one.
+"""``sglang-pcie tune-nccl``: measure candidate NCCL profiles, and FlashInfer's PCIe-IPC all-reduce, on the local
+GPUs and keep what is measurably faster than NCCL's defaults.
 
 Each candidate runs in fresh processes (NCCL reads its variables once per process), one per rank. Every rank
-all-reduces tokens x hidden tensors captured in a CUDA graph, as SGLang's decode / verify graphs do
-(2 x layers all-reduces per graph, one verify pass), checks the sums exactly, and reports microseconds per
-all-reduce (median of the timed replays). A profile whose capture, sums or processes fail, or that runs past
-its time bound (its process groups are killed), is dropped from the table with the reason.
+all-reduces tokens x hidden tensors captured in a CUDA graph, at decode/verify sizes (2 x layers all-reduces per
+graph, one verify pass, as SGLang's decode graphs hold) and at prefill sizes (fewer per graph, bounded in memory),
+checks the sums exactly, and reports microseconds per all-reduce (median of the timed replays; the slowest rank
+counts). A profile whose capture, sums or processes fail, or that runs past its time bound (its process groups are
+killed), is dropped from the table with the reason.
 
-The parent imports neither torch nor CUDA: it only probes the GPUs through NVML and starts workers, so the
-sweep can always kill them and go on. ``--backend gloo`` runs the same workers on CPU tensors (no graphs);
+Where the installed FlashInfer has the PCIe-IPC all-reduce (>= 0.7.0), the same workers measure it at the
+decode sizes (never prefill sizes: SGLang's adapter bounds it to a decode-sized workspace), after running
+FlashInfer's own ``tune()`` into the cache file SGLang's adapter reads, and the result records per size whether
+it beats the NCCL the server would run, and up to which size.
+
+The parent imports neither torch nor CUDA nor FlashInfer: it probes the GPUs through NVML and starts workers, so
+the sweep can always kill them and go on. ``--backend gloo`` runs the same workers on CPU tensors (no graphs);
 it checks the machinery, not NCCL.
 """
 from __future__ import annotations
@@ -25,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_pcie import nccl, tuning
+from sglang_pcie import allreduce_paths, nccl, tuning
 
 # The candidates, kept to what fits the time goal (the whole sweep under 3 minutes on 2 GPUs: about 8 s per
 # profile, mostly process start, torch import and NCCL init). NCCL_NVLS_ENABLE is never among them.
@@ -49,6 +56,13 @@ CANDIDATES = {
 # exactly its own values.
 TUNABLE_VARS = sorted({name for values in CANDIDATES.values() for name in values})
 DTYPES = ("bf16", "fp16", "fp32")
+DECODE_TOKENS = [1, 2, 4, 8]
+PREFILL_TOKENS = [512, 2048, 8192]
+# A graph holds 2 x layers all-reduces while their buffers fit in this many bytes per rank, else fewer (at least
+# MIN_ALLREDUCES): a prefill-sized graph of 122 buffers would need tens of GB for nothing the timing needs.
+GRAPH_BUFFER_BYTES = 256 << 20
+MIN_ALLREDUCES = 4
+IPC_NAME = "pcie-ipc"
 TIMED_REPLAYS = 20
 WARMUP_REPLAYS = 3
 MAX_CONFIRMATIONS = 2
@@ -73,13 +87,23 @@ def _pattern(torch, rank: int, index: int, numel: int, device):
     return (torch.arange(numel, device=device, dtype=torch.int64) + index + rank) % 7 + 1
 
 
+def element_size(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+def allreduces_per_graph(spec: dict, tokens: int) -> int:
+    """2 x layers (one forward pass) while the buffers fit GRAPH_BUFFER_BYTES, else fewer, at least MIN_ALLREDUCES."""
+    size = tokens * spec["hidden"] * element_size(spec["dtype"])
+    return min(spec["allreduces"], max(MIN_ALLREDUCES, GRAPH_BUFFER_BYTES // size))
+
+
 def _measure(torch, dist, spec: dict, rank: int, world: int, device) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec["dtype"]]
-    count = spec["allreduces"]
     use_graph = spec["backend"] == "nccl"
     results = {}
     for tokens in spec["tokens"]:
         numel = tokens * spec["hidden"]
+        count = allreduces_per_graph(spec, tokens)
         pristine = [_pattern(torch, rank, i, numel, device).to(dtype) for i in range(count)]
         expected = [sum(_pattern(torch, r, i, numel, device) for r in range(world)).to(dtype) for i in range(count)]
         buffers = [p.clone() for p in pristine]
@@ -142,6 +166,98 @@ def _measure(torch, dist, spec: dict, rank: int, world: int, device) -> dict:
     return results
 
 
+def sglang_tune_ladder(max_rows: int) -> list[int]:
+    """The row counts SGLang's adapter (0.5.21-0.5.23) asks FlashInfer to tune for a workspace of ``max_rows``:
+    powers of two up to 512 that fit, plus ``max_rows`` itself. The tuner uses the same ladder and workspace size
+    so that the cache entries it writes are the ones the server looks up (FlashInfer keys them by max_numel)."""
+    rows = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r <= max_rows]
+    return rows + ([max_rows] if max_rows not in rows else [])
+
+
+def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report: dict) -> dict:
+    """FlashInfer's PCIe-IPC all-reduce at each size, in CUDA graphs, sums checked; None for a size it refuses.
+
+    The collective contract (PcieIpcAllReduceWorkspace's docstring): every rank makes the same calls in the same
+    order; one workspace serves one stream (rebind_stream() only after the previous stream's work is done);
+    launch configurations are resolved (prepare) before any capture."""
+    import flashinfer
+    from flashinfer.comm import PcieIpcAllReduceWorkspace
+    from flashinfer.comm.pcie_ipc_tuning import default_cache_path
+
+    hidden, count = spec["hidden"], spec["allreduces"]
+    cache = str(default_cache_path(world))
+    report.update(flashinfer=getattr(flashinfer, "__version__", None), tune_cache=cache)
+    workspace = PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=spec["max_numel"],
+                                          dtype=torch.bfloat16, tune_batches=spec["tune_batches"],
+                                          tune_cache=cache)
+    try:
+        report["fabric"] = f"{workspace.profile} ({workspace.profile_reason})"[:200]
+        if spec.get("tune"):
+            began = time.monotonic()
+            tuned = workspace.tune([hidden], dtype=torch.bfloat16)  # collective; rank 0 writes the cache file
+            report["tuned_shapes"] = len(tuned)
+            report["tune_s"] = round(time.monotonic() - began, 1)
+        sizes = [t for t in spec["tokens"] if t * hidden <= spec["max_numel"]]
+        workspace.prepare([(t, hidden) for t in sizes], dtype=torch.bfloat16)
+        stream = torch.cuda.Stream()
+        results = {}
+        for tokens in spec["tokens"]:
+            numel = tokens * hidden
+            probe = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=device)
+            if tokens not in sizes or not workspace.supports(probe):
+                results[str(tokens)] = None
+                continue
+            inputs = [_pattern(torch, rank, i, numel, device).to(torch.bfloat16).view(tokens, hidden)
+                      for i in range(count)]
+            expected = [sum(_pattern(torch, r, i, numel, device) for r in range(world)).to(torch.bfloat16)
+                        .view(tokens, hidden) for i in range(count)]
+            outputs = [torch.empty_like(x) for x in inputs]
+
+            def check(stage):
+                torch.cuda.synchronize()
+                wrong = sum(not torch.equal(o, e) for o, e in zip(outputs, expected))
+                if wrong:
+                    raise RuntimeError(f"wrong sums after {stage} at {tokens} tokens ({wrong} of {count} buffers)")
+
+            def all_reduce_all():
+                for x, out in zip(inputs, outputs):
+                    workspace.all_reduce(x, out=out)
+
+            torch.cuda.synchronize()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                workspace.rebind_stream()  # earlier work is synchronised: moving the binding is safe
+                all_reduce_all()
+            check("eager all-reduce")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                all_reduce_all()
+            for out in outputs:
+                out.zero_()
+            graph.replay()
+            check("graph replay")
+            for _ in range(WARMUP_REPLAYS):
+                graph.replay()
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(TIMED_REPLAYS)]
+            for start, end in events:
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize()
+            milliseconds = [start.elapsed_time(end) for start, end in events]
+            for out in outputs:
+                out.zero_()
+            graph.replay()
+            check("timed replays")
+            results[str(tokens)] = statistics.median(milliseconds) * 1e3 / count
+            del graph
+        return results
+    finally:
+        torch.cuda.synchronize()
+        workspace.destroy()
+
+
 def _torch_nccl_version(torch) -> str | None:
     """The NCCL torch links (asks the library, does not initialise CUDA); None for a build without NCCL."""
     try:
@@ -168,7 +284,12 @@ def run_worker(spec: dict) -> int:
         else:
             device = torch.device("cpu")
             dist.init_process_group("gloo", rank=rank, world_size=world)
-        report["us"] = _measure(torch, dist, spec, rank, world, device)
+        if spec.get("path") == IPC_NAME:
+            if spec["backend"] != "nccl":
+                raise RuntimeError("the PCIe-IPC all-reduce needs CUDA (--backend nccl)")
+            report["us"] = _measure_ipc(torch, dist, spec, rank, world, device, report)
+        else:
+            report["us"] = _measure(torch, dist, spec, rank, world, device)
         report["ok"] = True
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"[:400]
@@ -279,8 +400,11 @@ def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_com
         return Outcome(None, own or error + (f": {failed_stderr}" if failed_stderr else ""), wall)
     if None in reports:
         return Outcome(None, f"rank {reports.index(None)} exited without a report", wall)
-    us = {int(tokens): max(r["us"][tokens] for r in reports) for tokens in reports[0]["us"]}
-    info = {k: reports[0][k] for k in ("nccl", "device") if k in reports[0]}
+    us = {}
+    for tokens in reports[0]["us"]:
+        values = [r["us"].get(tokens) for r in reports]
+        us[int(tokens)] = None if None in values else max(values)  # None: a size the path refuses
+    info = {k: v for k, v in reports[0].items() if k not in ("rank", "ok", "us", "error")}
     return Outcome(us, None, wall, info)
 
 
@@ -297,14 +421,18 @@ class Sweep:
     wall_s: float = 0.0
 
 
+def _format_us(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _format_run(outcome: Outcome) -> str:
     if outcome.us is None:
         return f"{outcome.wall_s:5.1f} s  dropped: {outcome.error}"
-    return f"{outcome.wall_s:5.1f} s  " + "  ".join(f"{t}:{v:.1f}" for t, v in outcome.us.items()) + " us"
+    return f"{outcome.wall_s:5.1f} s  " + "  ".join(f"{t}:{_format_us(v)}" for t, v in outcome.us.items()) + " us"
 
 
 def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_command: list[str]) -> Sweep:
-    """Defaults first and last (their spread is the noise margin), every candidate once, then repeat runs of the
+    """Defaults first and last (their spread bounds the noise), every candidate once, then repeat runs of the
     best qualifier until one is confirmed (tuning.choose)."""
     sweep = Sweep()
     began = time.monotonic()
@@ -322,7 +450,7 @@ def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_com
         sweep.measured.setdefault(name, []).append(outcome.us)
         if outcome.error:
             sweep.errors.setdefault(name, outcome.error)
-        sweep.info.update(outcome.info)
+        sweep.info.update({k: v for k, v in outcome.info.items() if k in ("nccl", "device")})
         return outcome
 
     first = run(plan[0])
@@ -344,6 +472,79 @@ def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_com
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The PCIe-IPC all-reduce (FlashInfer), measured against the NCCL the server would run
+
+
+def ipc_unavailable(world: int, args, install=None) -> str | None:
+    """Why the IPC path is not measured here; None when it is."""
+    if args.ipc == "off":
+        return "--ipc off"
+    if args.dtype != "bf16":
+        return f"SGLang's adapter serves bf16 only (--dtype {args.dtype})"
+    if world not in allreduce_paths.IPC_WORLD_SIZES:
+        return f"its kernels support {allreduce_paths.IPC_WORLD_SIZES} ranks, not {world}"
+    if args.backend != "nccl" and args.ipc != "on":
+        return "--backend gloo has no CUDA"
+    install = install or allreduce_paths.flashinfer_install()
+    if not install.has_kernels and args.ipc != "on":
+        return (f"FlashInfer {install.version} has no PCIe-IPC all-reduce (needs >= {allreduce_paths.FLASHINFER_MIN})"
+                if install.where else "FlashInfer is not installed here")
+    return None
+
+
+def run_ipc(spec: dict, world: int, decode: list[int], nccl_us: dict, noise: dict, timeout: float,
+            worker_command: list[str]) -> dict:
+    """Measure the IPC path twice (the first run JIT-builds the kernels and runs FlashInfer's tune(); the second
+    reads the tuned cache), judge it per size against ``nccl_us``, and when it wins only up to a smaller size,
+    tune once more for the workspace the server will build (FlashInfer keys its cache by workspace size)."""
+    hidden = spec["hidden"]
+    result = {"hidden": hidden, "dtype": "bf16", "tokens": decode, "runs": [], "max_tokens": None,
+              "max_numel": None}
+    top = max(decode)
+
+    def run(tune, max_rows, tokens, label, bound):
+        ipc_spec = dict(spec, path=IPC_NAME, tokens=tokens, dtype="bf16", tune=tune, max_numel=max_rows * hidden,
+                        tune_batches=sglang_tune_ladder(max_rows))
+        progress(f"[{IPC_NAME}] {label}")
+        outcome = run_profile({}, ipc_spec, world, bound, worker_command)
+        progress(f"[{IPC_NAME}] {label}: {_format_run(outcome)}")
+        for key in ("flashinfer", "tune_cache", "fabric", "tuned_shapes", "tune_s"):
+            if key in outcome.info:
+                result[key] = outcome.info[key]
+        return outcome
+
+    first = run(True, top, decode, f"run 1: JIT build + FlashInfer tune() for {top} x {hidden}, then measure", timeout)
+    runs = [first.us]
+    if first.us is not None:
+        second = run(False, top, decode, "run 2: tuned launch configurations from the cache",
+                     min(timeout, max(LATER_TIMEOUT_FLOOR, LATER_TIMEOUT_FACTOR * first.wall_s)))
+        runs.append(second.us)
+        if second.error:
+            result.setdefault("error", second.error)
+    else:
+        result["error"] = first.error
+    result["runs"] = [None if run is None else {str(t): (None if v is None else round(v, 2)) for t, v in run.items()}
+                      for run in runs]
+    judged = tuning.ipc_verdict({t: nccl_us[t] for t in decode}, noise, runs)
+    result["wins"] = {str(t): won for t, won in judged["wins"].items()}
+    result["worst"] = {str(t): (None if v is None else round(v, 2)) for t, v in judged["worst"].items()}
+    best = judged["max_tokens"]
+    if result.get("error"):
+        result["verdict"] = f"the PCIe-IPC all-reduce failed here ({result['error']})"
+    elif best is None:
+        result["verdict"] = f"the PCIe-IPC all-reduce is not faster than NCCL beyond the noise at {min(decode)} tok"
+    else:
+        result["max_tokens"], result["max_numel"] = best, best * hidden
+        result["verdict"] = (f"the PCIe-IPC all-reduce beats NCCL at every measured size up to {best} tok"
+                             + ("" if best == top else f" (not at {min(t for t in decode if t > best)} tok)"))
+        result["tuned_max_numel"] = top * hidden if first.us is not None else None
+        if best != top:
+            again = run(True, best, [best], f"tune() again for the server's workspace ({best} x {hidden})", timeout)
+            result["tuned_max_numel"] = best * hidden if again.us is not None else result["tuned_max_numel"]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Output
 
 
@@ -356,7 +557,9 @@ def _markdown(rows: list[list[str]]) -> str:
 def verdict_note(sweep: Sweep, name: str) -> str:
     verdict = sweep.verdict
     if name == verdict.winner:
-        return "winner" + (" (NCCL defaults: nothing set)" if name == "default" else "")
+        if name == "default":
+            return "winner (NCCL defaults: nothing set)"
+        return f"winner: faster at {', '.join(map(str, verdict.faster.get(name, [])))} tok"
     if name == "default":
         return "baseline"
     if name in sweep.errors:  # a failure in any run drops the profile; its first error says why
@@ -364,7 +567,7 @@ def verdict_note(sweep: Sweep, name: str) -> str:
     return verdict.rejected.get(name) or "qualified"
 
 
-def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int) -> str:
+def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int, ipc: dict | None = None) -> str:
     verdict = sweep.verdict
     header = ["profile", "variables", *[f"{t} tok" for t in tokens], "verdict"]
     latency, per_pass = [header], [["profile", *[f"{t} tok" for t in tokens]]]
@@ -379,8 +582,16 @@ def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int) -
         latency.append([name, variables, *cells, note])
         if values:
             per_pass.append([name, *[f"{2 * layers * values[t] / 1e3:.2f}" for t in tokens]])
-    return (f"All-reduce latency, microseconds (defaults: best run; others: worst run)\n\n{_markdown(latency)}\n\n"
-            f"Predicted communication per verify pass (2 x {layers} layers x latency), milliseconds\n\n"
+    if ipc and ipc.get("runs"):
+        worst = ipc.get("worst") or {}
+        cells = [_format_us(worst.get(str(t))) for t in tokens]
+        latency.append([IPC_NAME, f"FlashInfer {ipc.get('flashinfer') or '?'}", *cells,
+                        f"{ipc['verdict']} ({len(ipc['runs'])} runs)"])
+    noise = " ".join(f"{t}:{verdict.noise[t]:.0%}" for t in tokens)
+    return (f"All-reduce latency, microseconds (defaults: best run; others: worst run). Noise bound per size "
+            f"(spread of the defaults' first and last run, at least {tuning.MIN_NOISE:.0%}): {noise}\n\n"
+            f"{_markdown(latency)}\n\n"
+            f"Predicted communication per forward pass (2 x {layers} layers x latency), milliseconds\n\n"
             f"{_markdown(per_pass)}\n")
 
 
@@ -396,6 +607,10 @@ def _positive_ints(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
     return sorted(set(values))
+
+
+def _token_list(text: str) -> list[int]:
+    return [] if text.strip().lower() in ("", "none") else _positive_ints(text)
 
 
 def _positive_int(text: str) -> int:
@@ -417,18 +632,31 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sglang-pcie tune-nccl", description=(
-        "Measure NCCL profiles for verify-size all-reduces on the local GPUs and write the fastest one (never "
-        "slower than NCCL's defaults at any size) to the tuned file that SGLANG_PCIE_NCCL_PROFILE=auto|tuned uses."))
-    p.add_argument("--tp", type=_positive_int, help="ranks (GPUs) to all-reduce over (default: every visible GPU)")
-    p.add_argument("--hidden", type=_positive_int, default=7168, help="hidden size (default 7168)")
-    p.add_argument("--tokens", type=_positive_ints, default=[1, 2, 3, 4, 8],
-                   help="tokens per all-reduce, comma-separated (default 1,2,3,4,8)")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16")
+        "Measure NCCL profiles (and FlashInfer's PCIe-IPC all-reduce) at decode and prefill all-reduce sizes on "
+        "the GPUs this process sees, and write what is faster than NCCL's defaults (never slower beyond the "
+        "measured noise at any measured size) to the tuned file that SGLANG_PCIE_NCCL_PROFILE=auto|tuned uses."))
+    p.add_argument("--tp", type=_positive_int,
+                   help="ranks (GPUs) to all-reduce over (default: every GPU CUDA_VISIBLE_DEVICES shows); the file "
+                        "applies to a server that sees exactly these GPUs")
+    p.add_argument("--hidden", type=_positive_int, default=7168, help="hidden size of the model (default 7168)")
+    p.add_argument("--tokens", type=_positive_ints, default=DECODE_TOKENS,
+                   help="decode/verify tokens per all-reduce, comma-separated (default 1,2,4,8); the PCIe-IPC "
+                        "all-reduce is measured at these")
+    p.add_argument("--prefill-tokens", type=_token_list, default=PREFILL_TOKENS,
+                   help="prefill tokens per all-reduce, comma-separated, or none (default 512,2048,8192)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="element type of the all-reduces (default bf16)")
     p.add_argument("--layers", type=_positive_int, default=61,
-                   help="model layers; each graph holds 2 x layers all-reduces, one verify pass (default 61)")
+                   help="model layers; a decode-size graph holds 2 x layers all-reduces, one forward pass "
+                        "(default 61)")
     p.add_argument("--timeout", type=_positive_float, default=120.0,
                    help=f"seconds one profile may take (default 120; after the first profile: at most "
                         f"{LATER_TIMEOUT_FACTOR}x the defaults' run time, at least {LATER_TIMEOUT_FLOOR:.0f} s)")
+    p.add_argument("--ipc", choices=("auto", "on", "off"), default="auto",
+                   help="measure FlashInfer's PCIe-IPC all-reduce: auto (where the installed FlashInfer has it), "
+                        "on (try regardless), off")
+    p.add_argument("--ipc-timeout", type=_positive_float, default=300.0,
+                   help="seconds one PCIe-IPC run may take, including the first JIT build of its kernels "
+                        "(default 300)")
     p.add_argument("--profiles",
                    help=f"comma-separated subset of: {', '.join(CANDIDATES)} (default always runs)")
     p.add_argument("--out", type=Path, help=f"tuned file to write (default: ${tuning.TUNED_FILE_VAR} or "
@@ -437,13 +665,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                    help="gloo: CPU tensors, no CUDA graphs - checks the sweep itself, measures nothing NCCL uses")
     return p
-
-
-def _visible_gpu_count(topology) -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
-    return topology.gpu_count
 
 
 def _stop(signum, frame):
@@ -471,43 +692,61 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
     if gloo and not args.out and not args.dry_run:
         return fail("--backend gloo measures nothing NCCL would use: give --out, so the real tuned file is kept")
     topology = nccl.probe_topology()
-    available = _visible_gpu_count(topology)
+    available = topology.gpu_count
     world = args.tp or (2 if gloo else available)
     if world < 2:
         given = f"--tp {world}" if args.tp else f"{available} GPU(s) visible ({topology.detail or topology.source})"
         return fail(f"{given}: an all-reduce needs at least 2 ranks")
     if not gloo and world > available:
         return fail(f"--tp {world}: only {available} GPU(s) visible ({topology.detail or topology.source})")
+    if not gloo and world < available:
+        progress(f"note: measuring {world} of the {available} visible GPUs; the result applies to a server that "
+                 f"sees exactly those (set CUDA_VISIBLE_DEVICES to them for the server)")
+        topology = nccl.probe_topology(dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(
+            (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(available)))).split(",")[:world])))
 
     out = args.out or tuning.config_path()
     fingerprint = tuning.fingerprint(topology)
-    spec = {"backend": args.backend, "tokens": args.tokens, "hidden": args.hidden, "dtype": args.dtype,
+    sizes = sorted(set(args.tokens) | set(args.prefill_tokens))
+    spec = {"backend": args.backend, "tokens": sizes, "hidden": args.hidden, "dtype": args.dtype,
             "allreduces": 2 * args.layers}
+    counts = "/".join(str(allreduces_per_graph(spec, t)) for t in sizes)
+    skip_ipc = ipc_unavailable(world, args)
     stripped = sorted(name for name in TUNABLE_VARS if name in os.environ)
-    progress(f"{world} ranks on {tuning.describe_machine(fingerprint)}; {len(profiles)} profiles; "
-             f"{args.dtype} {'/'.join(map(str, args.tokens))} x {args.hidden}, {2 * args.layers} all-reduces "
-             f"per {'CUDA graph' if not gloo else 'timed loop'}; writing {out}")
+    progress(f"{world} ranks on {tuning.describe_machine(fingerprint)}; {len(profiles)} profiles; {args.dtype} "
+             f"{'/'.join(map(str, sizes))} tokens x {args.hidden}, {counts} all-reduces per "
+             f"{'CUDA graph' if not gloo else 'timed loop'}; PCIe-IPC all-reduce: "
+             f"{'measured at ' + '/'.join(map(str, args.tokens)) + ' tokens' if not skip_ipc else 'not measured (' + skip_ipc + ')'}; "
+             f"writing {out}")
     if stripped:
         progress(f"measuring without your {', '.join(stripped)} (each profile sets its own); at server start "
                  "your values still win over the tuned ones")
     if args.dry_run:
         for name, values in profiles.items():
             print(f"{name:<14} {' '.join(f'{k}={v}' for k, v in values.items()) or '(NCCL defaults)'}")
+        print(f"{IPC_NAME:<14} " + (f"FlashInfer PCIe-IPC all-reduce at {'/'.join(map(str, args.tokens))} tokens"
+                                    if not skip_ipc else f"not measured: {skip_ipc}"))
         return 0
 
     command = worker_command or [sys.executable, "-m", "sglang_pcie.tune_nccl"]
     # Stopped by `timeout`, a scheduler or kill: unwind, so that run_profile kills the workers (they run in
     # their own sessions and would otherwise hold the GPUs after we are gone). Ctrl-C unwinds the same way.
     previous = signal.signal(signal.SIGTERM, _stop)
+    began = time.monotonic()
     try:
         sweep = run_sweep(profiles, spec, world, args.timeout, command)
+        if sweep.verdict is None:
+            progress(f"NCCL defaults could not be measured ({sweep.errors.get('default')}); nothing written")
+            return 1
+        verdict = sweep.verdict
+        ipc = {"verdict": f"not measured: {skip_ipc}"}
+        if not skip_ipc:
+            ipc = run_ipc(spec, world, args.tokens, verdict.worst[verdict.winner], verdict.noise, args.ipc_timeout,
+                          command)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if sweep.verdict is None:
-        progress(f"NCCL defaults could not be measured ({sweep.errors.get('default')}); nothing written")
-        return 1
-    print(render_table(sweep, profiles, args.tokens, args.layers))
-    verdict = sweep.verdict
+    wall = time.monotonic() - began
+    print(render_table(sweep, profiles, sizes, args.layers, ipc))
     values = profiles[verdict.winner]
     measured_nccl = sweep.info.get("nccl")
     installed = (fingerprint["nccl"] or "").split(",")
@@ -519,22 +758,33 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
         "fingerprint": fingerprint,
         "winner": verdict.winner,
         "values": values,
-        "rule": (f"never slower than NCCL's defaults (best of their runs) at any size, on the candidate's worst "
-                 f"run, and at least {verdict.margin:.1%} faster in total; confirmed by "
-                 f"{tuning.CONFIRM_RUNS} runs"),
+        "rule": (f"measured at {', '.join(map(str, sizes))} tokens x {args.hidden} {args.dtype} over {world} ranks "
+                 f"in CUDA graphs; a candidate's slowest run is never slower than NCCL's defaults' fastest run "
+                 f"beyond the noise (the spread of the defaults' first and last run at that size, at least "
+                 f"{tuning.MIN_NOISE:.0%}) at any of these sizes, and faster beyond it at one or more; the winner "
+                 f"has the largest mean relative gain and is confirmed by {tuning.CONFIRM_RUNS} runs"),
+        "guarantee_sizes": sizes,
         "measured": {"backend": args.backend, "tp": world, "hidden": args.hidden, "dtype": args.dtype,
-                     "layers": args.layers, "tokens": args.tokens, "torch_nccl": measured_nccl,
-                     "device": sweep.info.get("device"), "wall_s": round(sweep.wall_s, 1),
+                     "layers": args.layers, "tokens": args.tokens, "prefill_tokens": args.prefill_tokens,
+                     "allreduces_per_graph": {str(t): allreduces_per_graph(spec, t) for t in sizes},
+                     "torch_nccl": measured_nccl, "device": sweep.info.get("device"),
+                     "noise": {str(t): round(verdict.noise[t], 4) for t in sizes},
+                     "sweep_s": round(sweep.wall_s, 1), "wall_s": round(wall, 1),
                      "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "table": {name: {"values": profiles[name],
                          "runs": [{str(t): round(us, 2) for t, us in run.items()} if run else None
                                   for run in sweep.measured[name]],
                          "verdict": verdict_note(sweep, name)}
                   for name in sweep.measured},
+        "ipc": ipc,
     }
     tuning.write_config(out, config)
     chosen = " ".join(f"{k}={v}" for k, v in values.items()) or "nothing (NCCL defaults are fastest here)"
-    print(f"winner: {verdict.winner}: {chosen}\nwritten to {out}; sweep took {sweep.wall_s:.0f} s")
+    print(f"NCCL winner: {verdict.winner}: {chosen}")
+    print(f"PCIe-IPC all-reduce: {ipc['verdict']}"
+          + (f"; SGLANG_PCIE_IPC_MAX_NUMEL={ipc['max_numel']} where auto switches it on" if ipc.get("max_numel")
+             else ""))
+    print(f"written to {out}; took {wall:.0f} s")
     return 0
 
 

@@ -5,10 +5,11 @@ The launcher reads the file when ``sglang`` is imported, so reading it stays che
 (already probed by ``nccl.decide``) and a directory listing for the NCCL version. No CUDA, no torch, no
 ``importlib.metadata`` (50 ms in a full SGLang environment, against under 1 ms for the listing).
 
-A file applies only where it was measured: same GPU models in the same order, same NVLink / peer-to-peer
-links, same installed NCCL, same transport switches (``NCCL_P2P_DISABLE`` ...). Anything else reads as a
-mismatch and nothing from the file is applied: values measured for another machine can be slower than NCCL's
-defaults (the fixed PCIe profile was 1.2-2.9x slower on 2 x H200).
+A file applies only where it was measured: the same GPUs (UUIDs, so the same machine and the same
+``CUDA_VISIBLE_DEVICES`` selection), the same NVLink / peer-to-peer links, the same installed NCCL, the same
+transport switches (``NCCL_P2P_DISABLE`` ...). Anything else reads as a mismatch and nothing from the file is
+applied: values measured elsewhere can be slower than NCCL's defaults (the fixed PCIe profile made prefill-sized
+all-reduces 5-29x slower on 2 x H200).
 """
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ from pathlib import Path
 from typing import Mapping
 
 TUNED_FILE_VAR = "SGLANG_PCIE_TUNED_FILE"
-FORMAT = 1
+# 2: prefill sizes measured, per-size noise rule, GPU UUIDs in the fingerprint, the PCIe-IPC all-reduce section.
+# A format-1 file was judged on decode sizes only, so it is not used.
+FORMAT = 2
 # Variables that change which path NCCL's traffic takes. They are part of the fingerprint because a profile
 # measured with peer-to-peer off is no evidence for a server run with it on, and the other way round. The sweep
 # never sets them; it measures with whatever the environment has.
 TRANSPORT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE")
-FINGERPRINT_FIELDS = ("gpus", "nvlink", "p2p", "nccl", "transport_env")
+FINGERPRINT_FIELDS = ("gpus", "gpu_uuids", "nvlink", "p2p", "nccl", "transport_env")
 
-# Winner rule (see choose()). A candidate must beat the defaults' total by at least this much, or by the spread
-# between the defaults' own runs where that is larger, so that run-to-run noise never picks a winner.
-MIN_GAIN = 0.03
+# Winner rule (see choose()). Noise is bounded per size by the spread between the defaults' runs (the first and
+# the last run of the sweep, so drift over the sweep counts), and never taken as less than MIN_NOISE.
+MIN_NOISE = 0.03
 CONFIRM_RUNS = 2
 
 
@@ -46,6 +49,23 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "sglang-pcie" / "nccl-tuned.json"
 
 
+def installed_distributions(prefix: str, paths: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """(distribution, version, folder) of every ``<prefix>*-<version>.dist-info`` folder on ``paths`` (default
+    sys.path), in path order: what is installed, known from a directory listing, without importing anything."""
+    found = []
+    for entry in sys.path if paths is None else paths:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            # nvidia_nccl_cu12-2.27.5.dist-info
+            if name.startswith(prefix) and name.endswith(".dist-info") and "-" in name:
+                dist, version = name[: -len(".dist-info")].split("-", 1)
+                found.append((dist.replace("_", "-"), version, entry or "."))
+    return found
+
+
 def installed_nccl() -> str | None:
     """The NCCL pip distribution(s) on sys.path, e.g. ``nvidia-nccl-cu12==2.27.5``; None when there is none.
 
@@ -53,25 +73,17 @@ def installed_nccl() -> str | None:
     server will run, known without loading the library or initialising CUDA. A system-wide or statically
     linked NCCL is not seen (None on both sides still matches).
     """
-    found = []
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            # nvidia_nccl_cu12-2.27.5.dist-info
-            if name.startswith("nvidia_nccl_cu") and name.endswith(".dist-info") and "-" in name:
-                dist, version = name[: -len(".dist-info")].split("-", 1)
-                found.append(f"{dist.replace('_', '-')}=={version}")
-    return ",".join(sorted(set(found))) or None
+    found = {f"{dist}=={version}" for dist, version, _ in installed_distributions("nvidia_nccl_cu")}
+    return ",".join(sorted(found)) or None
 
 
 def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | None = None) -> dict:
-    """What a tuned profile depends on. ``topology`` is an ``nccl.Topology``; ``nccl`` defaults to installed_nccl()."""
+    """What a tuned profile depends on. ``topology`` is an ``nccl.Topology`` of the GPUs this process uses (so
+    CUDA_VISIBLE_DEVICES is part of it); ``nccl`` defaults to installed_nccl()."""
     env = os.environ if environ is None else environ
     return {
         "gpus": list(topology.gpu_names),
+        "gpu_uuids": list(getattr(topology, "uuids", []) or []),
         "nvlink": topology.nvlink,
         "p2p": topology.p2p,
         "nccl": installed_nccl() if nccl is None else nccl,
@@ -97,7 +109,10 @@ def validate_config(config) -> str | None:
     if not isinstance(config, dict):
         return "not a JSON object"
     if config.get("format") != FORMAT:
-        return f"format {config.get('format')!r} is not {FORMAT}"
+        old = isinstance(config.get("format"), int) and config["format"] < FORMAT
+        return (f"format {config.get('format')!r} is not {FORMAT}"
+                + (" (written by an older tune-nccl that measured decode sizes only: run sglang-pcie tune-nccl"
+                   " again)" if old else ""))
     fp = config.get("fingerprint")
     if not isinstance(fp, dict) or any(key not in fp for key in FINGERPRINT_FIELDS):
         return f"fingerprint must hold {', '.join(FINGERPRINT_FIELDS)}"
@@ -109,6 +124,13 @@ def validate_config(config) -> str | None:
         if not (isinstance(key, str) and key.startswith("NCCL_") and key != "NCCL_NVLS_ENABLE"
                 and isinstance(value, str)):
             return f"values: {key!r}={value!r} is not an NCCL variable the tuner sets"
+    ipc = config.get("ipc")
+    if ipc is not None:
+        if not isinstance(ipc, dict):
+            return "ipc must be an object"
+        numel = ipc.get("max_numel")
+        if numel is not None and not (isinstance(numel, int) and not isinstance(numel, bool) and numel > 0):
+            return f"ipc.max_numel {numel!r} is not a positive integer"
     return None
 
 
@@ -130,14 +152,13 @@ def read_config(path: Path) -> tuple[dict | None, str | None]:
     return config, None
 
 
-def tuned_profile(topology, explicit: bool, environ: Mapping[str, str] | None = None) -> tuple[dict | None, str]:
-    """(variables to apply, reason) when a tuned file exists and was measured on this machine, else (None, reason).
+def matching_config(topology, explicit: bool, environ: Mapping[str, str] | None = None) -> tuple[dict | None, str]:
+    """(the tuned file, reason) when one exists and was measured on these GPUs, else (None, reason).
 
-    The variables may be {}: the sweep found nothing faster than NCCL's defaults, and that is a result too
-    (``auto`` then keeps the defaults instead of applying its rule). With ``explicit`` (the user asked for
-    ``SGLANG_PCIE_NCCL_PROFILE=tuned``) a missing or non-matching file applies nothing - neither the PCIe
-    rule nor values measured elsewhere - and says so in one warning line. A corrupt or unreadable file is one
-    warning line naming it, in either mode; this function never raises.
+    Its ``values`` may be {}: the sweep found nothing faster than NCCL's defaults, and that is a result too.
+    With ``explicit`` (the user asked for ``SGLANG_PCIE_NCCL_PROFILE=tuned``) a missing or non-matching file
+    says so in one warning line. A corrupt or unreadable file is one warning line naming it, in either mode;
+    this function never raises.
     """
     label = "SGLANG_PCIE_NCCL_PROFILE=tuned" if explicit else "auto"
     try:
@@ -159,13 +180,19 @@ def tuned_profile(topology, explicit: bool, environ: Mapping[str, str] | None = 
             if explicit:
                 warn(f"{reason}; no NCCL profile applied (re-run sglang-pcie tune-nccl here)")
             return None, reason
-        values = dict(config["values"])
+        values = config["values"]
         what = " ".join(f"{k}={v}" for k, v in sorted(values.items())) or "nothing (NCCL defaults were fastest)"
-        return values, (f"{label}: tuned NCCL file {path} matches this machine"
+        return config, (f"{label}: tuned NCCL file {path} matches these GPUs"
                         f" ({describe_machine(recorded)}); winner {config.get('winner', '?')}: {what}")
     except Exception as exc:  # reading a profile must never break SGLang's import
         warn(f"tuned NCCL profile not applied: {type(exc).__name__}: {exc}")
         return None, f"{label}: tuned NCCL profile not applied ({type(exc).__name__}: {exc})"
+
+
+def tuned_profile(topology, explicit: bool, environ: Mapping[str, str] | None = None) -> tuple[dict | None, str]:
+    """(NCCL variables, reason) from a matching tuned file, or (None, reason); see matching_config."""
+    config, reason = matching_config(topology, explicit, environ)
+    return (dict(config["values"]) if config is not None else None), reason
 
 
 def write_config(path: Path, config: dict) -> None:
@@ -187,38 +214,55 @@ def write_config(path: Path, config: dict) -> None:
 class Verdict:
     winner: str  # "default" when nothing qualified
     baseline: dict  # tokens -> microseconds: the defaults' best run at each size
-    margin: float  # the gain on the total a candidate needed
+    noise: dict  # tokens -> relative noise bound at that size
     qualified: list = field(default_factory=list)  # candidate names, best first
     rejected: dict = field(default_factory=dict)  # name -> why
     pending: str | None = None  # best qualifier still short of CONFIRM_RUNS runs: run it again
     worst: dict = field(default_factory=dict)  # name -> tokens -> microseconds used for the decision
+    faster: dict = field(default_factory=dict)  # qualified name -> sizes where it beats the defaults
+    gain: dict = field(default_factory=dict)  # qualified name -> mean relative gain over all sizes
+
+
+def noise_bounds(default_runs: list[dict]) -> tuple[dict, dict]:
+    """(baseline, noise) per size from the defaults' successful runs: the fastest run, and the relative spread
+    between their fastest and slowest run, at least MIN_NOISE."""
+    sizes = sorted(default_runs[0])
+    baseline = {s: min(run[s] for run in default_runs) for s in sizes}
+    noise = {s: max(MIN_NOISE, (max(run[s] for run in default_runs) - baseline[s]) / baseline[s]
+                    if baseline[s] > 0 else 0.0) for s in sizes}
+    return baseline, noise
+
+
+def compare(worst: dict, baseline: dict, noise: dict) -> tuple[list, list]:
+    """(sizes where ``worst`` is slower than ``baseline`` beyond the noise, sizes where it is faster beyond it)."""
+    slower = [s for s in sorted(baseline) if worst[s] > baseline[s] * (1 + noise[s])]
+    faster = [s for s in sorted(baseline) if worst[s] < baseline[s] * (1 - noise[s])]
+    return slower, faster
 
 
 def choose(measured: dict, profiles: dict, confirm_runs: int = CONFIRM_RUNS) -> Verdict:
     """Pick the winner from ``measured``: profile name -> list of runs, each {tokens: microseconds} or None
     (failed). ``profiles``: name -> the variables it sets (ties go to the one that sets fewer).
 
-    The rule, built to never pick something slower than NCCL's defaults:
-    - the baseline is the defaults' fastest run at each size (the hardest bar to clear);
+    The rule, built never to pick something slower than NCCL's defaults at a measured size:
+    - the baseline is the defaults' fastest run at each size; the noise bound at each size is the relative
+      spread between the defaults' runs (first and last of the sweep), at least MIN_NOISE;
     - a candidate is judged on its slowest run at each size, and a candidate that failed any run is out;
-    - it qualifies only if it is no slower than the baseline at every size and its total over all sizes is
-      lower by at least max(MIN_GAIN, the spread between the defaults' own runs);
-    - qualifiers rank by total, then by fewer variables, then by name; the winner is the best one measured
+    - it is out if it is slower than the baseline beyond the noise at any size, and it qualifies only if it is
+      faster beyond the noise at one size or more (where it claims to beat the defaults, it does);
+    - qualifiers rank by their mean relative gain over all sizes (each size counts the same, so prefill sizes
+      do not drown the decode ones), then by fewer variables, then by name; the winner is the best one measured
       at least ``confirm_runs`` times (``pending`` names a better one that still needs a run).
     Raises ValueError when the defaults have no successful run: there is nothing to compare against.
     """
     default_runs = [run for run in measured.get("default", []) if run]
     if not default_runs:
         raise ValueError("NCCL defaults could not be measured")
-    sizes = sorted(default_runs[0])
-    baseline = {s: min(run[s] for run in default_runs) for s in sizes}
-    slowest_default = {s: max(run[s] for run in default_runs) for s in sizes}
-    base_total = sum(baseline.values())
-    spread = (sum(slowest_default.values()) - base_total) / base_total if base_total > 0 else 0.0
-    verdict = Verdict("default", baseline, max(MIN_GAIN, spread))
+    baseline, noise = noise_bounds(default_runs)
+    sizes = sorted(baseline)
+    verdict = Verdict("default", baseline, noise)
     verdict.worst["default"] = baseline
 
-    totals = {}
     for name, runs in measured.items():
         if name == "default":
             continue
@@ -230,21 +274,21 @@ def choose(measured: dict, profiles: dict, confirm_runs: int = CONFIRM_RUNS) -> 
             continue
         worst = {s: max(run[s] for run in runs) for s in sizes}
         verdict.worst[name] = worst
-        slower = [s for s in sizes if worst[s] > baseline[s]]
+        slower, faster = compare(worst, baseline, noise)
         if slower:
             s = slower[0]
-            verdict.rejected[name] = (f"slower than defaults at {s} tok ({worst[s]:.1f} vs {baseline[s]:.1f} us)"
+            verdict.rejected[name] = (f"slower than defaults at {s} tok ({worst[s]:.1f} vs {baseline[s]:.1f} us,"
+                                      f" noise {noise[s]:.0%})"
                                       + (f" and {len(slower) - 1} more sizes" if len(slower) > 1 else ""))
             continue
-        total = sum(worst.values())
-        gain = 1 - total / base_total if base_total > 0 else 0.0
-        if gain < verdict.margin:
-            verdict.rejected[name] = (f"{gain:.1%} faster in total, below the {verdict.margin:.1%} needed"
-                                      " to tell it from noise")
+        if not faster:
+            verdict.rejected[name] = "not faster than defaults beyond the noise at any size"
             continue
-        totals[name] = total
+        verdict.faster[name] = faster
+        verdict.gain[name] = sum(1 - worst[s] / baseline[s] for s in sizes) / len(sizes)
 
-    verdict.qualified = sorted(totals, key=lambda n: (totals[n], len(profiles.get(n, {})), n))
+    gain = verdict.gain
+    verdict.qualified = sorted(gain, key=lambda n: (-gain[n], len(profiles.get(n, {})), n))
     for name in verdict.qualified:
         if len(measured[name]) >= confirm_runs:
             verdict.winner = name
@@ -252,3 +296,21 @@ def choose(measured: dict, profiles: dict, confirm_runs: int = CONFIRM_RUNS) -> 
         if verdict.pending is None:
             verdict.pending = name
     return verdict
+
+
+def ipc_verdict(nccl_us: dict, noise: dict, ipc_runs: list) -> dict:
+    """Per size, whether the PCIe-IPC all-reduce beats the NCCL the server would run (``nccl_us``: the winner's
+    figures) beyond the noise, judged on IPC's slowest run; and the largest size up to which it wins at every
+    measured size (``max_tokens``, None when it loses at the smallest). A failed run means no win anywhere."""
+    sizes = sorted(s for s in nccl_us if s in noise)
+    good = [run for run in ipc_runs if run]
+    if not good or len(good) != len(ipc_runs) or any(s not in run for run in good for s in sizes):
+        return {"wins": {}, "max_tokens": None, "worst": {}}
+    worst = {s: max(run[s] for run in good) for s in sizes}
+    wins = {s: worst[s] < nccl_us[s] * (1 - noise[s]) for s in sizes}
+    max_tokens = None
+    for s in sizes:
+        if not wins[s]:
+            break
+        max_tokens = s
+    return {"wins": wins, "max_tokens": max_tokens, "worst": worst}
