@@ -51,6 +51,7 @@ PROFILE_FILE_NAME = "eagle3-profile.jsonl"
 # what it says (an exported EAGLE3_PROFILE=1 would otherwise profile the baseline too).
 CONTROLLED_VARS = ("SGLANG_PCIE_DISABLE", "EAGLE3_PROFILE", "EAGLE3_PROFILE_FILE")
 LOG_TAIL_LINES = 40
+KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the tree to disappear before naming survivors
 MUST_MATCH, MAY_DIFFER = "must-match", "may-differ"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,6 +63,10 @@ class UsageError(Exception):
     """Bad command-line input: one line naming the value."""
 
 
+class ReportOnly(Exception):
+    """``--report DIR``: re-read a finished (or partial) run instead of starting one."""
+
+
 # ---------------------------------------------------------------------------------------------------- variants
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class Variant:
     args: tuple = ()
     base: str = ""  # the built-in it starts from ("" for the built-ins themselves)
     tokens: str = MUST_MATCH
+    repeats: int | None = None  # run only in the last K repeats (None: every repeat)
     spec: str = ""  # as given on the command line
 
     @property
@@ -79,7 +85,7 @@ class Variant:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "base": self.base or None, "env": dict(self.env), "args": list(self.args),
-                "tokens": self.tokens, "spec": self.spec or self.name}
+                "tokens": self.tokens, "repeats": self.repeats, "spec": self.spec or self.name}
 
 
 BUILTINS = {
@@ -87,7 +93,7 @@ BUILTINS = {
     "overlay": Variant("overlay"),
     "profile": Variant("profile", env={"EAGLE3_PROFILE": "1"}),
 }
-FIELDS = ("base", "env", "args", "tokens")
+FIELDS = ("base", "env", "args", "tokens", "repeats")
 
 
 def parse_variant(spec: str) -> Variant:
@@ -116,8 +122,9 @@ def parse_variant(spec: str) -> Variant:
         if key in fields:
             raise UsageError(f"--variant {spec!r}: {key}= given twice")
         fields[key] = value.strip()
-    if not fields.get("env") and not fields.get("args") and "base" not in fields:
-        raise UsageError(f"--variant {spec!r}: gives no env=, args= or base=")
+    repeats = fields.get("repeats")
+    if repeats is not None and not (repeats.isdigit() and int(repeats) >= 1):
+        raise UsageError(f"--variant {spec!r}: repeats={repeats!r} is not a positive integer")
     base = fields.get("base", "overlay")
     if base not in BUILTINS:
         raise UsageError(f"--variant {spec!r}: base={base!r} (choose {', '.join(BUILTINS)})")
@@ -130,7 +137,10 @@ def parse_variant(spec: str) -> Variant:
     tokens = fields.get("tokens") or (MAY_DIFFER if args else MUST_MATCH)
     if tokens not in (MUST_MATCH, MAY_DIFFER):
         raise UsageError(f"--variant {spec!r}: tokens={tokens!r} (choose {MUST_MATCH} or {MAY_DIFFER})")
-    return Variant(name, env=env, args=args, base=base, tokens=tokens, spec=spec)
+    if not fields.get("env") and not fields.get("args") and "base" not in fields:
+        raise UsageError(f"--variant {spec!r}: gives no env=, args= or base=")
+    return Variant(name, env=env, args=args, base=base, tokens=tokens,
+                   repeats=int(repeats) if repeats is not None else None, spec=spec)
 
 
 def parse_env_pairs(text: str, where: str) -> dict:
@@ -161,12 +171,15 @@ def resolve_variants(specs: list[str]) -> list[Variant]:
     return variants
 
 
-def counterbalanced(names: list[str], repeats: int) -> list[tuple[int, str]]:
-    """(repeat, name) in A B C, C B A, A B C ... order: a linear drift over time hits every variant alike."""
+def counterbalanced(names: list[str], repeats: int, counts: dict | None = None) -> list[tuple[int, str]]:
+    """(repeat, name) in A B C, C B A, A B C ... order: a linear drift over time hits every variant alike.
+    ``counts[name] = K`` runs that variant only in the last K repeats: the variants that run in every repeat
+    complete their pairs first, should a long run be cut short."""
+    counts = counts or {}
     order = []
     for repeat in range(repeats):
         sequence = names if repeat % 2 == 0 else list(reversed(names))
-        order.extend((repeat, name) for name in sequence)
+        order.extend((repeat, name) for name in sequence if repeat >= repeats - counts.get(name, repeats))
     return order
 
 
@@ -392,7 +405,7 @@ def _signal(pid, sig):
         pass
 
 
-def stop_tree(proc: subprocess.Popen, known: dict, grace_s: float, kill_wait_s: float = 10.0) -> dict:
+def stop_tree(proc: subprocess.Popen, known: dict, grace_s: float) -> dict:
     """SIGTERM the server's process group (and any member that left it), wait ``grace_s``, SIGKILL what is left,
     and wait until none remains. Returns what happened, with any survivor named."""
     members = dict(known)
@@ -421,7 +434,7 @@ def stop_tree(proc: subprocess.Popen, known: dict, grace_s: float, kill_wait_s: 
             pass
         for pid in killed:
             _signal(pid, signal.SIGKILL)
-        deadline = time.monotonic() + kill_wait_s
+        deadline = time.monotonic() + KILL_WAIT_S
         while remaining() and time.monotonic() < deadline:
             time.sleep(0.2)
     try:
@@ -519,11 +532,13 @@ class Plan:
     stop_timeout: float
     request_timeout: float
     dry_run: bool = False
+    argv: list = field(default_factory=list)
 
     def schedule(self) -> list[dict]:
         runs = []
         by_name = {v.name: v for v in self.variants}
-        for index, (repeat, name) in enumerate(counterbalanced(list(by_name), self.repeats)):
+        counts = {v.name: v.repeats for v in self.variants if v.repeats is not None}
+        for index, (repeat, name) in enumerate(counterbalanced(list(by_name), self.repeats, counts)):
             variant = by_name[name]
             folder = self.out / "runs" / f"{index + 1:02d}-{name}"
             env = dict(self.extra_env)
@@ -571,7 +586,7 @@ def wait_ready(plan: Plan, proc, port: int, log: Path) -> tuple[float, dict]:
                 break
         except (OSError, http.client.HTTPException):
             pass
-        time.sleep(1.0)
+        time.sleep(0.5)
     ready_s = time.monotonic() - start
     info = {}
     for path in ("/model_info", "/get_model_info"):
@@ -615,7 +630,8 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
         known = tree_members(proc.pid)
         progress(f"{label}: ready in {record['ready_s']:.1f} s ({len(known)} processes); warm-up")
         stage = "workload"
-        run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency, plan.request_timeout)
+        _, warmup_results = run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency,
+                                      plan.request_timeout)
         batch, batch_results = run_batch(plan.host, port, prompts["batch"], w.output_len, w.concurrency,
                                          plan.request_timeout)
         progress(f"{label}: batch {batch['requests']} x {w.output_len} tokens at concurrency {w.concurrency}:"
@@ -625,7 +641,9 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
                  f" {stream['output_tok_s']:.1f} tok/s, TTFT p50 {_fmt(stream['ttft_ms_p50'])} ms,"
                  f" TPOT p50 {_fmt(stream['tpot_ms_p50'], 3)} ms" + _accept_note(stream))
         record["metrics"] = {"batch": batch, "stream": stream,
-                             "accept_length": accept_length(batch_results + stream_results)}
+                             "accept_length": accept_length(batch_results + stream_results),
+                             # what an EAGLE3 profile of this server saw: the warm-up too
+                             "accept_length_served": accept_length(warmup_results + batch_results + stream_results)}
         outputs = {"batch": [r["output_ids"] for r in batch_results],
                    "stream": [r["output_ids"] for r in stream_results]}
         (folder / "outputs.json").write_text(json.dumps(outputs))
@@ -836,7 +854,7 @@ def format_table(results: dict) -> str:
         ratio = r.get("profile_accept_vs_sglang")
         lines.append(f"profile run {r['index']} ({r['variant']}): {p.get('decode_cycles')} decode cycles, cycle"
                      f" {_fmt(cycle, 3)} ms, accept length {_fmt(p.get('accept_length'), 3)}"
-                     f" (SGLang meta info {_fmt((r.get('metrics') or {}).get('accept_length'), 3)}"
+                     f" (SGLang meta info, all requests served {_fmt((r.get('metrics') or {}).get('accept_length_served'), 3)}"
                      f"{'' if ratio is None else f', ratio {ratio:.4f}'})")
     for r in runs:
         if r.get("profile") is None and r["env"].get("EAGLE3_PROFILE") == "1" and r.get("ok"):
@@ -873,7 +891,7 @@ def write_chart(results: dict, path: Path) -> str:
     labels = [m[2] for m in METRICS]
     if not names:
         return "skipped: no variant besides baseline"
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(labels) * max(1, len(names)) / 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * len(labels)), 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         rows = results["ratios"][name]
@@ -901,12 +919,12 @@ def write_chart(results: dict, path: Path) -> str:
 
 def assemble(plan: Plan, records: list[dict], started: str, complete: bool) -> dict:
     for r in records:
-        p, a = r.get("profile"), (r.get("metrics") or {}).get("accept_length")
+        p, a = r.get("profile"), (r.get("metrics") or {}).get("accept_length_served")
         if p and p.get("accept_length") and a:
             r["profile_accept_vs_sglang"] = p["accept_length"] / a
     results = {
         "schema": SCHEMA, "started": started, "complete": complete, "out": str(plan.out),
-        "argv": sys.argv, "server_cmd": plan.server_cmd, "launch_args": plan.launch_args,
+        "argv": plan.argv, "server_cmd": plan.server_cmd, "launch_args": plan.launch_args,
         "extra_env": plan.extra_env, "repeats": plan.repeats, "workload": plan.workload.as_dict(),
         "variants": [v.as_dict() for v in plan.variants],
         "runs": [{k: v for k, v in r.items() if k != "outputs"} for r in records],
@@ -984,6 +1002,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server command before the launch arguments (default: this python -m"
                         " sglang.launch_server); for tests or another interpreter")
     p.add_argument("--dry-run", action="store_true", help="print the schedule and commands; start nothing")
+    p.add_argument("--report", metavar="DIR",
+                   help="print the table of an earlier run's DIR/results.json (and draw its chart); start nothing")
     return p
 
 
@@ -995,6 +1015,8 @@ def make_plan(argv: list[str]) -> Plan:
         own, launch_args = argv, []
     parser = build_parser()
     args = parser.parse_args(own)
+    if args.report:
+        raise ReportOnly(Path(args.report))
     for flag in ("--port", "--host"):
         if any(a == flag or a.startswith(flag + "=") for a in launch_args):
             raise UsageError(f"launch argument {flag}: give it to bench ({PROG} {flag} ...), it sets it per server")
@@ -1003,6 +1025,10 @@ def make_plan(argv: list[str]) -> Plan:
     for name in ("repeats", "concurrency", "stream_requests", "input_len", "output_len"):
         if getattr(args, name) < (0 if name == "stream_requests" else 1):
             raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    variants = resolve_variants(args.variant)
+    for v in variants:
+        if v.repeats is not None and v.repeats > args.repeats:
+            raise UsageError(f"--variant {v.spec!r}: repeats={v.repeats} is more than --repeats {args.repeats}")
     if args.batch_requests is not None and args.batch_requests < 1:
         raise UsageError(f"--batch-requests {args.batch_requests}: must be a positive integer")
     m = re.match(r"^(\d+):(\d+)$", args.token_range)
@@ -1026,10 +1052,10 @@ def make_plan(argv: list[str]) -> Plan:
                         stream_requests=args.stream_requests, input_len=args.input_len, output_len=args.output_len,
                         warmup_requests=args.concurrency, token_low=int(m.group(1)), token_high=int(m.group(2)))
     out = Path(args.out or time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
-    plan = Plan(variants=resolve_variants(args.variant), workload=workload, launch_args=launch_args,
+    plan = Plan(variants=variants, workload=workload, launch_args=launch_args,
                 server_cmd=server_cmd, extra_env=extra_env, host=args.host, port=args.port, repeats=args.repeats,
                 out=out, start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
-                request_timeout=args.request_timeout, dry_run=args.dry_run)
+                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=list(argv))
     return plan
 
 
@@ -1066,6 +1092,28 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def show_report(folder: Path) -> int:
+    """The table (and chart, where matplotlib is importable here) of a run collected from another machine."""
+    path = folder / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"{PROG}: error: --report {str(folder)!r}: cannot read {path.name} ({exc})", file=sys.stderr)
+        return USAGE_ERROR
+    if results.get("schema") != SCHEMA:
+        print(f"{PROG}: error: --report {str(folder)!r}: {path.name} is not a bench result ({SCHEMA})",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if not (folder / "ratios.png").is_file():
+        chart = write_chart(results, folder / "ratios.png")
+        if not chart.startswith("skipped"):
+            results["chart"] = chart
+    if not results.get("complete"):
+        print(f"(partial: {len(results['runs'])} run(s) so far)")
+    print(format_table(results))
+    return exit_code(results)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -1075,6 +1123,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except ReportOnly as report:
+        return show_report(report.args[0])
     if plan.dry_run:
         print(format_schedule(plan))
         return 0

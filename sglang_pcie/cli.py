@@ -78,7 +78,10 @@ def cmd_verify_patches(args) -> int:
     else:
         version, rows, mode = tree.version, verify.rows_from(verify.static_results(tree, settings)), "static"
     decision = nccl.decide(settings.nccl_profile)
-    report = verify.build_report(version, mode, rows, decision.as_dict(), str(root))
+    from sglang_pcie.allreduce_paths import report as allreduce_report
+
+    report = verify.build_report(version, mode, rows, decision.as_dict(), str(root),
+                                 allreduce_report(decision, root))
     print(json.dumps(report, indent=2) if args.json else verify.format_table(report))
     return USAGE_ERROR if settings.errors else verify.exit_code(report)
 
@@ -105,25 +108,38 @@ def cmd_apply_diffs(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from sglang_pcie import nccl
+    from sglang_pcie import allreduce_paths, nccl
 
     settings = _settings_or_errors()
     decision = nccl.decide(settings.nccl_profile)
+    paths = allreduce_paths.report(decision)
     if args.json:
-        print(json.dumps(decision.as_dict(), indent=2))
+        print(json.dumps(dict(decision.as_dict(), allreduce=paths), indent=2))
+        return USAGE_ERROR if settings.errors else 0
+    print(f"SGLANG_PCIE_NCCL_PROFILE: {decision.requested or 'invalid'} -> profile {decision.profile}")
+    print(f"why: {decision.reason}")
+    t = decision.topology if decision.topology is not None else nccl.probe_topology()
+    if t.gpu_count == 0:
+        print(f"GPUs: no GPU visible ({t.detail or t.source})")
     else:
-        print(f"SGLANG_PCIE_NCCL_PROFILE: {decision.requested or 'invalid'} -> profile {decision.profile}")
-        print(f"why: {decision.reason}")
-        if decision.topology is not None:
-            t = decision.topology
-            print(f"GPUs ({t.source}): {len(t.gpu_names)} {', '.join(sorted(set(t.gpu_names)))};"
-                  f" NVLink: {t.nvlink}; peer-to-peer: {t.p2p}")
-        for key, value in decision.values.items():
+        print(f"GPUs ({t.source}): {t.gpu_count} {', '.join(sorted(set(t.gpu_names)))};"
+              f" NVLink: {t.nvlink}; peer-to-peer: {t.p2p}")
+    if decision.advice:
+        print(f"advice: {decision.advice}")
+    for key, value in decision.values.items():
+        print(f"would set {key}={value}")
+    for key, value in decision.user_set.items():
+        print(f"keeps {key}={value} (set by the user)")
+    if not decision.values and not decision.user_set:
+        print("would set nothing: NCCL defaults")
+    ipc = decision.ipc
+    if ipc is not None:
+        for key, value in ipc.values.items():
             print(f"would set {key}={value}")
-        for key, value in decision.user_set.items():
+        for key, value in ipc.user_set.items():
             print(f"keeps {key}={value} (set by the user)")
-        if not decision.values and not decision.user_set:
-            print("would set nothing: NCCL defaults")
+    for line in allreduce_paths.format_report(paths):
+        print(line)
     return USAGE_ERROR if settings.errors else 0
 
 
@@ -148,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reverse", action="store_true", help="remove the diffs instead")
     p.set_defaults(func=cmd_apply_diffs)
 
-    p = sub.add_parser("env", help="the NCCL profile that would be applied here, and why")
+    p = sub.add_parser("env", help="the NCCL profile, the PCIe-IPC all-reduce switch and the all-reduce paths a server would use here, and why")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_env)
 

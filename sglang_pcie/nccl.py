@@ -214,9 +214,9 @@ def _probe_nvidia_smi(environ=None) -> Topology | None:
     chosen, problem = select_visible(uuids, visible_selection(environ))
     if chosen is None:
         return Topology(list(visible_selection(environ)), None, None, "nvidia-smi", problem)
+    # One row per GPU ("GPU0  X  NV18 ..."; the header line starts with a tab): cells 1..n link it to GPU 0..n-1.
     rows = [line.split() for line in topo.stdout.splitlines() if line.startswith("GPU")]
-    # rows[0] is the header; row i+1 is GPU i; its cells 1..n are the links to GPU 0..n-1
-    matrix = [row[1:len(names) + 1] for row in rows[1:len(names) + 1]] if rows else []
+    matrix = [row[1:len(names) + 1] for row in rows[:len(names)]]
     nvlink = None
     if len(chosen) > 1 and len(matrix) == len(names) and all(len(r) == len(names) for r in matrix):
         nvlink = all(matrix[a][b].startswith("NV") for a in chosen for b in chosen if a != b)

@@ -301,13 +301,15 @@ def choose(measured: dict, profiles: dict, confirm_runs: int = CONFIRM_RUNS) -> 
 def ipc_verdict(nccl_us: dict, noise: dict, ipc_runs: list) -> dict:
     """Per size, whether the PCIe-IPC all-reduce beats the NCCL the server would run (``nccl_us``: the winner's
     figures) beyond the noise, judged on IPC's slowest run; and the largest size up to which it wins at every
-    measured size (``max_tokens``, None when it loses at the smallest). A failed run means no win anywhere."""
+    measured size (``max_tokens``, None when it loses at the smallest). A failed run means no win anywhere; a
+    size the kernels refuse (None) is not a win."""
     sizes = sorted(s for s in nccl_us if s in noise)
     good = [run for run in ipc_runs if run]
     if not good or len(good) != len(ipc_runs) or any(s not in run for run in good for s in sizes):
         return {"wins": {}, "max_tokens": None, "worst": {}}
-    worst = {s: max(run[s] for run in good) for s in sizes}
-    wins = {s: worst[s] < nccl_us[s] * (1 - noise[s]) for s in sizes}
+    # None: a size the kernels refused in some run; it never counts as a win
+    worst = {s: None if any(run[s] is None for run in good) else max(run[s] for run in good) for s in sizes}
+    wins = {s: worst[s] is not None and worst[s] < nccl_us[s] * (1 - noise[s]) for s in sizes}
     max_tokens = None
     for s in sizes:
         if not wins[s]:

@@ -46,8 +46,12 @@ def runtime_results(sglang_root: str | None = None, python: str | None = None,
     return report["sglang_version"], report["patches"]
 
 
-def build_report(version: str, mode: str, rows: list[dict], nccl: dict, source: str) -> dict:
-    return {"sglang_version": version, "mode": mode, "source": source, "patches": rows, "nccl": nccl}
+def build_report(version: str, mode: str, rows: list[dict], nccl: dict, source: str,
+                 allreduce: dict | None = None) -> dict:
+    report = {"sglang_version": version, "mode": mode, "source": source, "patches": rows, "nccl": nccl}
+    if allreduce is not None:  # allreduce_paths.report(): the all-reduce paths and the one a server would use
+        report["allreduce"] = allreduce
+    return report
 
 
 def rows_from(results: list[tuple[Patch, Result]]) -> list[dict]:
@@ -70,4 +74,8 @@ def format_table(report: dict) -> str:
     if nccl.get("user_set"):
         lines.append("  kept as the user set them: "
                      + " ".join(f"{k}={v}" for k, v in nccl["user_set"].items()))
+    if report.get("allreduce"):
+        from sglang_pcie.allreduce_paths import format_report
+
+        lines.extend(format_report(report["allreduce"]))
     return "\n".join(lines)
