@@ -154,3 +154,53 @@ def test_strict_mode_stops_at_a_drifted_patch(drifted_0_5_23):
     assert not out["imported"]
     assert out["error"].startswith("StrictModeError: sglang-pcie: SGLANG_PCIE_STRICT=1 and patch"
                                    " sm120-allreduce-fusion skipped")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Every activation path in real SGLang 0.5.23: the start-up hook on import sglang, then SGLang's own plugin
+# loader (load_plugins(), which the launcher, scheduler and detokenizer call), and the plugin loader alone.
+
+PLUGIN_LOADER = '''
+import json, os, sys
+hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+import sglang
+import sglang_pcie.activate as act
+after_import = act._activated
+from sglang.srt.plugins import load_plugins
+load_plugins()
+print(json.dumps({"hooked": hooked, "after_import": after_import, "after_plugins": act._activated,
+                  "written": sorted(k for k in os.environ if k.startswith(("NCCL_", "SGLANG_PCIE_NCCL_D")))}))
+'''
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_unreadable_kill_switch_is_off_on_every_path_with_one_line(sglang_env, value):
+    proc = sglang_env("0.5.23").run(PLUGIN_LOADER, env={"SGLANG_PCIE_DISABLE": value,
+                                                         "SGLANG_PCIE_NCCL_PROFILE": "pcie"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    # The hook watched (the value is not "on"), activation read it as off, and the plugin loader agreed:
+    # no NCCL variable written, no AttributeError from a missing watcher, no plugin failure logged.
+    assert out == {"hooked": True, "after_import": False, "after_plugins": False, "written": []}
+    ours = [line for line in proc.stderr.splitlines() if "sglang-pcie" in line or "plugin" in line.lower()]
+    assert ours == [f"sglang-pcie: SGLANG_PCIE_DISABLE={value!r} is not a boolean (use 1 or 0);"
+                    " read as 1: the overlay is off"], proc.stderr
+
+
+def test_plugin_loader_alone_activates_real_sglang(sglang_env):
+    """``python -S`` (no site, so no .pth hook; site-packages through PYTHONPATH): SGLang's load_plugins() is
+    what activates the overlay. SGLang logs its plugin list at INFO before any server configures logging, so
+    nothing of it reaches stderr, and the overlay adds nothing either."""
+    import subprocess
+
+    env = sglang_env("0.5.23")
+    site = subprocess.run([str(env.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    proc = subprocess.run([str(env.python), "-S", "-c", PLUGIN_LOADER], capture_output=True, text=True,
+                          cwd=env.workdir, env=env.env({"PYTHONPATH": site, "SGLANG_PCIE_NCCL_PROFILE": "pcie"}),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["hooked"] is False and out["after_import"] is None and out["after_plugins"] is True
+    assert {"NCCL_PROTO", "NCCL_ALGO", "SGLANG_PCIE_NCCL_DECIDED"} <= set(out["written"])
+    assert "sglang-pcie" not in proc.stderr and "Available plugins" not in proc.stderr, proc.stderr

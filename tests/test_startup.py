@@ -128,3 +128,88 @@ def test_post_import_hooks_run_after_the_module_and_never_break_its_import(overl
     assert proc.stdout.splitlines() == ["[42] SourceFileLoader True", "[42, 42]", "fatal propagated False"]
     errors = proc.stderr.strip().splitlines()
     assert errors == ["sglang-pcie: hook for watched_mod failed, module left as shipped: ValueError: boom"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The kill switch and the activation paths, end to end in a real interpreter (a stand-in ``sglang`` package:
+# what is checked here is the overlay's side; tests/test_activation.py does the same in real SGLang).
+
+KILL_SWITCH = """
+    import json, os, sys
+    hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+    import sglang
+    import sglang_pcie.activate as act
+    after_import = act._activated
+    from sglang_pcie.plugin import load
+    load()  # what SGLang's plugin loader (0.5.11+) calls, after import sglang
+    from sglang_pcie.settings import load_settings
+    print(json.dumps({"hooked": hooked, "after_import": after_import, "active": act._activated,
+                      "settings_disabled": load_settings().disabled,
+                      "written": sorted(k for k in os.environ if k.startswith(("NCCL_", "SGLANG_PCIE_NCCL_D")))}))
+"""
+
+
+@pytest.fixture
+def stand_in_sglang(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    return {"PYTHONPATH": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "SGLANG_PCIE_NCCL_PROFILE": "pcie"}
+
+
+@pytest.mark.parametrize("value, hooked, active", [
+    ("1", False, False), ("yes", False, False), ("0", True, True), ("", True, True),
+    ("2", True, False), ("y", True, False), ("maybe", True, False), ("\udcff", True, False),
+])
+def test_kill_switch_reads_the_same_in_the_hook_the_settings_and_the_plugin_loader(
+        overlay_python, stand_in_sglang, value, hooked, active):
+    proc = run(overlay_python, KILL_SWITCH, {**stand_in_sglang, "SGLANG_PCIE_DISABLE": value})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["hooked"], out["active"], out["settings_disabled"]) == (hooked, active, not active)
+    assert out["after_import"] == (active if hooked else None)
+    # Off: nothing written for NCCL (the plugin loader used to write them, then fail on the missing watcher).
+    assert bool(out["written"]) is active
+    if parse := {"1": True, "yes": True, "0": False, "": False}.get(value) is None:
+        shown = "b'\\xff'" if value == "\udcff" else repr(value)
+        assert proc.stderr.splitlines() == [f"sglang-pcie: SGLANG_PCIE_DISABLE={shown} is not a boolean (use 1 or 0);"
+                                            " read as 1: the overlay is off"]
+    else:
+        assert proc.stderr == "", parse
+
+
+PLUGIN_ONLY = """
+    import json, os, sys
+    hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+    import sglang
+    import sglang_pcie.activate as act
+    before = act._activated
+    from sglang_pcie.plugin import load
+    load()
+    print(json.dumps({"hooked": hooked, "before": before, "after": act._activated,
+                      "proto": os.environ.get("NCCL_PROTO")}))
+"""
+
+
+def test_plugin_loader_activates_where_the_hook_did_not_run(overlay_python, stand_in_sglang):
+    # python -S: no site, so no .pth; site-packages reached through PYTHONPATH, as in an embedded interpreter.
+    env = {**stand_in_sglang, "PYTHONPATH": f"{stand_in_sglang['PYTHONPATH']}:{site_packages(overlay_python)}"}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PCIE_", "PYTHON"))}
+    proc = subprocess.run([str(overlay_python), "-S", "-c", textwrap.dedent(PLUGIN_ONLY)], capture_output=True,
+                          text=True, env={**base, **env})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"hooked": False, "before": None, "after": True, "proto": "LL"}
+    assert proc.stderr == ""
+
+
+def test_plugin_load_never_raises(overlay_python, stand_in_sglang):
+    proc = run(overlay_python, """
+        import sglang_pcie.activate as act
+        def broken():
+            raise OSError("disk gone")
+        act.activate = broken
+        from sglang_pcie.plugin import load
+        load()
+        print("went on")
+    """, stand_in_sglang)
+    assert proc.returncode == 0 and proc.stdout == "went on\n"
+    assert proc.stderr == "sglang-pcie: activation from SGLang's plugin loader failed: OSError: disk gone\n"
