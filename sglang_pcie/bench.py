@@ -49,14 +49,15 @@ BASELINE = "baseline"
 PROFILE_FILE_NAME = "eagle3-profile.jsonl"
 # Variables the built-in variants control: removed from the inherited environment so each variant gets exactly
 # what it says (an exported EAGLE3_PROFILE=1 would otherwise profile the baseline too).
-CONTROLLED_VARS = ("SGLANG_PCIE_DISABLE", "EAGLE3_PROFILE", "EAGLE3_PROFILE_FILE")
+# SGLANG_PCIE_NCCL_DECIDED (nccl.DECIDED_VAR) too: inherited, it would make every server skip its own NCCL decision.
+CONTROLLED_VARS = ("SGLANG_PCIE_DISABLE", "EAGLE3_PROFILE", "EAGLE3_PROFILE_FILE", "SGLANG_PCIE_NCCL_DECIDED")
 LOG_TAIL_LINES = 40
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the tree to disappear before naming survivors
 MUST_MATCH, MAY_DIFFER = "must-match", "may-differ"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # NCCL_DEBUG_SUBSYS=ENV prints e.g. "NCCL INFO NCCL_PROTO set by environment to LL" in each rank.
-_NCCL_ENV_LINE = re.compile(r"NCCL INFO (\S+) set by environment to (\S+)")
+_NCCL_ENV_LINE = re.compile(r"(?:\S+?:(\d+):\d+ \[\d+\] )?NCCL INFO (\w+) set by environment to (\S*)")
 
 
 class UsageError(Exception):
@@ -492,18 +493,48 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def nccl_env_lines(path: Path) -> dict:
-    """NCCL variable -> sorted distinct values NCCL reported reading ("set by environment to") in the log."""
+def nccl_env_lines(path: Path) -> tuple[dict, int]:
+    """(NCCL variable -> sorted distinct values NCCL reported reading, "set by environment to", in the log;
+    how many processes printed such lines)."""
     found: dict = {}
+    pids = set()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 m = _NCCL_ENV_LINE.search(line)
                 if m:
-                    found.setdefault(m.group(1), set()).add(m.group(2).rstrip("."))
+                    pids.add(m.group(1))
+                    found.setdefault(m.group(2), set()).add(m.group(3).rstrip("."))
     except OSError:
         pass
-    return {key: sorted(values) for key, values in sorted(found.items())}
+    return {key: sorted(values) for key, values in sorted(found.items())}, len(pids - {None})
+
+
+def nccl_debug_env(env: dict) -> bool:
+    """Whether NCCL will print the variables it reads (NCCL_DEBUG=INFO or TRACE, NCCL_DEBUG_SUBSYS with ENV)."""
+    subsys = env.get("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,ENV").upper().split(",")
+    return env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE") and ("ENV" in subsys or "ALL" in subsys)
+
+
+def expected_nccl(env: dict) -> dict:
+    """The NCCL variables a server started with ``env`` hands NCCL: the user's, plus what the overlay chooses
+    (the same decision its launcher makes, on this machine, from this environment)."""
+    from sglang_pcie import nccl
+    from sglang_pcie.settings import load_settings
+
+    expected = {k: v for k, v in env.items() if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG")}
+    settings = load_settings(env)
+    if not settings.disabled and settings.nccl_profile is not None:
+        chosen = nccl.decide(settings.nccl_profile, dict(env)).values
+        expected.update({k: v for k, v in chosen.items() if k.startswith("NCCL_")})
+    return expected
+
+
+def nccl_check(expected: dict, read: dict, processes: int) -> dict:
+    missing = sorted(k for k in expected if k not in read)
+    mismatched = sorted(k for k in expected if k in read and read[k] != [expected[k]])
+    return {"ok": not missing and not mismatched, "expected": expected, "missing": missing,
+            "mismatched": mismatched, "processes": processes}
 
 
 def read_profile(path: Path) -> dict | None:
@@ -615,9 +646,11 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
     w = plan.workload
     label = f"{run['index']}/{len(plan.schedule())} {run['variant']} (repeat {run['repeat']})"
     progress(f"{label}: starting on port {port}: {shlex.join(cmd)}")
+    server_env = plan.environment(run)
+    record["nccl_expected"] = expected_nccl(server_env)
     try:
         handle = open(log, "wb")
-        proc = subprocess.Popen(cmd, env=plan.environment(run), stdout=handle, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=server_env, stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         record["failure"] = {"stage": "start", "message": f"cannot start {cmd[0]!r}: {exc}", "log_tail": ""}
@@ -664,7 +697,9 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
                  f"{' (SIGKILL needed)' if stop['sigkilled'] else ''}{survivors}")
     if "failure" in record:
         record["failure"]["log_tail"] = log_tail(log)
-    record["nccl_env"] = nccl_env_lines(log)
+    record["nccl_env"], processes = nccl_env_lines(log)
+    if nccl_debug_env(server_env):
+        record["nccl_check"] = nccl_check(record["nccl_expected"], record["nccl_env"], processes)
     profile_path = Path(run["env"].get("EAGLE3_PROFILE_FILE", folder / PROFILE_FILE_NAME))
     if run["env"].get("EAGLE3_PROFILE") == "1":
         record["profile"] = read_profile(profile_path) or read_profile(log)
@@ -859,9 +894,18 @@ def format_table(results: dict) -> str:
     for r in runs:
         if r.get("profile") is None and r["env"].get("EAGLE3_PROFILE") == "1" and r.get("ok"):
             lines.append(f"profile run {r['index']} ({r['variant']}): no EAGLE3 profile intervals were written")
-    nccl = {r["index"]: r["nccl_env"] for r in runs if r.get("nccl_env")}
-    for index, values in nccl.items():
-        lines.append(f"NCCL read (run {index}): " + ", ".join(f"{k}={'/'.join(v)}" for k, v in values.items()))
+    for r in runs:
+        check = r.get("nccl_check")
+        if r.get("nccl_env") or check:
+            text = f"NCCL read (run {r['index']}, {r['variant']}): " + (", ".join(
+                f"{k}={'/'.join(v)}" for k, v in r["nccl_env"].items()) or "no variable")
+            if check:
+                text += (f" [{check['processes']} process(es)]; expected (user + overlay) "
+                         + (", ".join(f"{k}={v}" for k, v in check["expected"].items()) or "nothing"))
+                text += ": all read" if check["ok"] else (f": MISSING {check['missing']}" * bool(check["missing"])
+                                                          + f" MISMATCHED {check['mismatched']}"
+                                                          * bool(check["mismatched"]))
+            lines.append(text)
     for r in runs:
         stop = r.get("stop") or {}
         if stop.get("survivors"):

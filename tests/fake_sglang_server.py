@@ -14,7 +14,9 @@ Behaviour knobs (environment, so bench variants can set them; launch argument ``
   FAKE_STUBBORN_CHILD=1   start a child that ignores SIGTERM (bench must SIGKILL it); its pid is logged
   FAKE_ESCAPED_CHILD=1    start a child that leaves the process group (setsid); its pid is logged
   EAGLE3_PROFILE=1 with EAGLE3_PROFILE_FILE   append one profile interval record per request
-  NCCL_*                  logged as NCCL's "set by environment" lines, as NCCL_DEBUG_SUBSYS=ENV prints them
+  SGLANG_PCIE_*           the overlay's NCCL decision is applied as on ``import sglang`` (unless disabled)
+  NCCL_DEBUG=INFO         NCCL_* variables logged as NCCL's "set by environment" lines (NCCL_DEBUG_SUBSYS=ENV);
+                          FAKE_NCCL_IGNORES=NAME leaves one out, as if NCCL never read it
 --fake-shift N            (launch argument) shifts every output token by N: a launch option that changes tokens
 """
 from __future__ import annotations
@@ -32,7 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's sglang_pcie (profile schema)
 
+from sglang_pcie import nccl  # noqa: E402
 from sglang_pcie.eagle_profiler import REPORTED, SCHEMA  # noqa: E402
+from sglang_pcie.settings import load_settings  # noqa: E402
 
 START = time.monotonic()
 PROFILE_LOCK = threading.Lock()
@@ -143,9 +147,15 @@ def main():
     parser.add_argument("--fake-shift", type=int, default=0)
     args, unknown = parser.parse_known_args()
     print(f"fake: launch arguments {sys.argv[1:]}", flush=True)
-    for name, value in sorted(os.environ.items()):
-        if name.startswith("NCCL_") and name not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
-            print(f"host:1:1 [0] NCCL INFO {name} set by environment to {value}", flush=True)
+    settings = load_settings()
+    if not settings.disabled:
+        nccl.apply_for_process(settings)  # what the overlay does in a real launcher when sglang is imported
+    if os.environ.get("NCCL_DEBUG") == "INFO":
+        for name, value in sorted(os.environ.items()):
+            if name.startswith("NCCL_") and not name.startswith("NCCL_DEBUG") and name != os.environ.get(
+                    "FAKE_NCCL_IGNORES"):
+                print(f"fakehost:{os.getpid()}:{threading.get_ident() % 100000} [0] NCCL INFO {name} set by"
+                      f" environment to {value}", flush=True)
     if os.environ.get("FAKE_FAIL_START") == "1":
         print("fake: boom: the model does not fit (FAKE_FAIL_START)", flush=True)
         sys.exit(3)

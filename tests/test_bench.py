@@ -212,7 +212,7 @@ def test_bench_end_to_end(capsys, tmp_path):
     code, out, err, results = run_bench(
         capsys, tmp_path, "--repeats", "2", "--variant", "overlay", "--variant", "profile",
         "--variant", "s2:args=--fake-shift 1", "--variant", "nccl:env=NCCL_PROTO=LL;repeats=1",
-        "--env", "FAKE_ACCEPT=3")
+        "--env", "FAKE_ACCEPT=3", "--env", "NCCL_DEBUG=INFO", "--env", "NCCL_DEBUG_SUBSYS=ENV")
     assert code == 0, out + err
     runs = results["runs"]
     assert [r["variant"] for r in runs] == ["baseline", "overlay", "profile", "s2",
@@ -220,8 +220,10 @@ def test_bench_end_to_end(capsys, tmp_path):
     assert all(r["ok"] and r["stop"]["survivors"] == [] for r in runs)
     # each server got exactly its variant's environment and arguments, launched as launch_server would be
     env_of = {r["variant"]: r["model_info"]["env"] for r in runs}
-    assert env_of["baseline"] == {"SGLANG_PCIE_DISABLE": "1", "FAKE_ACCEPT": "3"}
-    assert env_of["overlay"] == {"FAKE_ACCEPT": "3"}
+    debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV"}
+    assert env_of["baseline"] == {"SGLANG_PCIE_DISABLE": "1", "FAKE_ACCEPT": "3", **debug}
+    assert {k: v for k, v in env_of["overlay"].items() if k != "SGLANG_PCIE_NCCL_DECIDED"} == {"FAKE_ACCEPT": "3",
+                                                                                           **debug}
     assert env_of["profile"]["EAGLE3_PROFILE"] == "1"
     assert env_of["profile"]["EAGLE3_PROFILE_FILE"].endswith("eagle3-profile.jsonl")
     s2 = next(r for r in runs if r["variant"] == "s2")
@@ -239,7 +241,10 @@ def test_bench_end_to_end(capsys, tmp_path):
     assert runs[0]["metrics"]["accept_length_served"] == pytest.approx((4 * 16 + 10 * 12) / (4 * 6 + 10 * 4))
     assert profile["profile_accept_vs_sglang"] == pytest.approx(1.0)
     assert "profile" not in runs[0]
-    assert next(r for r in runs if r["variant"] == "nccl")["nccl_env"] == {"NCCL_PROTO": ["LL"]}
+    nccl_run = next(r for r in runs if r["variant"] == "nccl")
+    assert nccl_run["nccl_env"] == {"NCCL_PROTO": ["LL"]}
+    assert nccl_run["nccl_check"] == {"ok": True, "expected": {"NCCL_PROTO": "LL"}, "missing": [], "mismatched": [],
+                                      "processes": 1}
     # ratios and output comparison
     assert results["ratios"]["overlay"]["batch output tok/s"]["n"] == 2
     assert results["ratios"]["nccl"]["batch output tok/s"]["verdict"] == "one pair: no spread"
@@ -251,7 +256,8 @@ def test_bench_end_to_end(capsys, tmp_path):
     # the report: table on stdout, progress on stderr, per-server logs, results.json, chart or why not
     assert re.search(r"^overlay +batch output tok/s +[\d.]+ +[\d.]+ \[[\d.]+-[\d.]+\] +2 ", out, re.M)
     assert "overlay       identical: 0/20 requests differ" in out
-    assert "NCCL read (run 5): NCCL_PROTO=LL" in out
+    assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
+            " all read") in out
     assert "profile run 3 (profile):" in out and "ratio 1.0000" in out
     assert "9/9 baseline (repeat 2): stopped" in err and "ready in" in err
     assert (tmp_path / "out" / "progress.log").read_text().count("stopped") == 9
@@ -473,3 +479,29 @@ def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path):
     _, _, d2t = read_tensor(models / "draft" / "model.safetensors", "d2t")
     assert draft["hot_token_id"] == [d + i for i, d in enumerate(d2t)]
     assert draft["model_config_archs"] == ["LlamaForCausalLM", "LlamaForCausalLMEagle3"]
+
+
+def test_nccl_values_the_overlay_chose_are_checked_against_what_nccl_read(capsys, tmp_path):
+    from sglang_pcie.nccl import PCIE_PROFILE
+
+    code, out, _, results = run_bench(
+        capsys, tmp_path, "--repeats", "1", "--variant", "pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie",
+        "--variant", "deaf:env=SGLANG_PCIE_NCCL_PROFILE=pcie FAKE_NCCL_IGNORES=NCCL_PROTO",
+        "--variant", "off:base=baseline;env=SGLANG_PCIE_NCCL_PROFILE=pcie",
+        "--env", "NCCL_DEBUG=INFO", "--env", "NCCL_NVLS_ENABLE=0")
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert code == 0
+    assert runs["pcie"]["nccl_check"]["ok"] and runs["pcie"]["nccl_check"]["expected"] == {"NCCL_NVLS_ENABLE": "0",
+                                                                                         **PCIE_PROFILE}
+    assert runs["deaf"]["nccl_check"]["missing"] == ["NCCL_PROTO"] and not runs["deaf"]["nccl_check"]["ok"]
+    assert "MISSING ['NCCL_PROTO']" in out
+    # switched off, the overlay chooses nothing: NCCL reads only what the user set
+    assert runs["off"]["nccl_check"] == {"ok": True, "expected": {"NCCL_NVLS_ENABLE": "0"}, "missing": [],
+                                         "mismatched": [], "processes": 1}
+    assert runs["off"]["nccl_env"] == {"NCCL_NVLS_ENABLE": ["0"]}
+
+
+def test_inherited_decision_marker_is_not_passed_on():
+    from sglang_pcie.nccl import DECIDED_VAR
+
+    assert DECIDED_VAR in bench.CONTROLLED_VARS
