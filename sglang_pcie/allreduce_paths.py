@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ENABLE_VAR = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
-MAX_NUMEL_VAR = "SGLANG_PCIE_IPC_MAX_NUMEL"
-IPC_VARS = (ENABLE_VAR, MAX_NUMEL_VAR)
+from sglang_pcie.nccl import IPC_VARS
+
+ENABLE_VAR, MAX_NUMEL_VAR = IPC_VARS
 ADAPTER = "srt/distributed/device_communicators/pcie_ipc_ar.py"  # inside the sglang package
 ADAPTER_RELEASE = "0.5.21"
 FLASHINFER_MIN = "0.7.0"

@@ -36,6 +36,9 @@ DECIDED_VAR = "SGLANG_PCIE_NCCL_DECIDED"
 TUNE_ADVICE = ("{count} GPUs without NVLink and no tune-nccl result for them: NCCL defaults kept. "
                "Run `sglang-pcie tune-nccl` once to measure NCCL settings and the PCIe-IPC all-reduce here.")
 
+# SGLang's switch and bound for FlashInfer's PCIe-IPC all-reduce (allreduce_paths decides them).
+IPC_VARS = ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL")
+
 # nvml.h: nvmlGpuP2PCapsIndex_t and nvmlGpuP2PStatus_t
 _P2P_CAPS_READ = 0
 _P2P_CAPS_NVLINK = 2
@@ -68,7 +71,7 @@ class NcclDecision:
     topology: Topology | None = None
     advice: str | None = None  # one line worth printing once per process tree (e.g. run tune-nccl)
     config: dict | None = None  # the tuned file, when it matched this machine
-    ipc: object | None = None  # allreduce_paths.IpcDecision: the PCIe-IPC all-reduce switch
+    ipc: object | None = None  # allreduce_paths.IpcDecision where there was one to take (else SGLang's default: off)
 
     def as_dict(self) -> dict:
         out = {"requested": self.requested, "profile": self.profile, "values": self.values,
@@ -237,7 +240,7 @@ def probe_topology(environ=None) -> Topology:
 def decide(requested: str | None, environ: MutableMapping[str, str] | None = None,
            probe: Callable[[], Topology] | None = None) -> NcclDecision:
     """What ``requested`` (an SGLANG_PCIE_NCCL_PROFILE value) means on this machine. Touches nothing."""
-    from sglang_pcie import allreduce_paths, tuning
+    from sglang_pcie import tuning
 
     env = os.environ if environ is None else environ
     probe = probe or (lambda: probe_topology(env))
@@ -261,7 +264,13 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
                 reason = f"{reason}; {tuned_reason}"
             if topology.gpu_count > 1 and topology.nvlink is False:
                 advice = TUNE_ADVICE.format(count=topology.gpu_count)
-    ipc = allreduce_paths.decide_ipc(requested, config, topology, env)
+    ipc = None
+    # The IPC decision (and its module) only where there is something to decide: a measured win, or the user's
+    # own setting to report. Everywhere else activation stays as cheap as before.
+    if any(name in env for name in IPC_VARS) or (config is not None and (config.get("ipc") or {}).get("max_numel")):
+        from sglang_pcie import allreduce_paths
+
+        ipc = allreduce_paths.decide_ipc(requested, config, topology, env)
     if chosen is None:
         return NcclDecision(requested, "none", {}, {}, reason, topology, advice, config, ipc)
     name, profile = chosen
