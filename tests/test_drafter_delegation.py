@@ -1,4 +1,5 @@
-"""drafter-delegation: static checks on the 21 pristine releases, the versioned diffs, and the real SGLang 0.5.9 / 0.5.23.
+"""drafter-delegation: static checks on the 21 pristine releases, the versioned diffs, and the real SGLang 0.5.9 /
+0.5.23 (the wrapped ModelRunner.load_model run for real, with only the weight loading replaced).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sglang_pcie.releases import COVERED_RELEASES
 REPO = Path(__file__).resolve().parent.parent
 KIMI = "kimi_k25.KimiK25ForConditionalGeneration"
 TRIO = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head")
+RUNNER_FILE = "sglang/srt/model_executor/model_runner.py"
 
 
 def released_before(version: str, other: str) -> bool:
@@ -60,6 +62,11 @@ def test_eagle_path_calls_only_what_the_patch_forwards(trees, version):
 
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
+def test_every_name_the_wrapper_relies_on_is_there(trees, version):
+    assert dd.hook_problems(trees[version]) == []
+
+
+@pytest.mark.parametrize("version", COVERED_RELEASES)
 def test_kimi_k25_wrapper(wrappers, version):
     kimi = wrappers[version].get(KIMI)
     if released_before(version, "0.5.9"):
@@ -71,12 +78,12 @@ def test_kimi_k25_wrapper(wrappers, version):
 
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
-def test_check_source_names_the_classes_to_patch(trees, wrappers, version):
+def test_check_source_names_the_classes_that_would_gain_methods(trees, wrappers, version):
     result = PATCH.check_source(trees[version])
     qualifying = [label for label, w in wrappers[version].items() if w.missing]
     # Other wrappers (llava, internvl, qwen2_audio...) lack the methods in every release, so it always applies.
     assert result.status == APPLICABLE and qualifying
-    assert all(label in result.detail for label in qualifying)
+    assert all(f"{label} (." in result.detail for label in qualifying)
     assert (KIMI in result.detail) == (version == "0.5.9")
 
 
@@ -182,6 +189,47 @@ def test_drifted_when_kimi_k25_no_longer_hands_over_its_language_model(trees, tm
     assert PATCH.rewrite(tree) == {}  # no diff for a release the patch does not fit
 
 
+def test_kimi_given_the_methods_by_a_mixin_elsewhere_is_not_listed(trees, tmp_path):
+    """0.5.9 with upstream's 0.5.10 fix written as a mixin in sglang/srt/layers: inherited methods count."""
+    tree = copy_tree(trees["0.5.9"], tmp_path)
+    mixin = tmp_path / "sglang/srt/layers/eagle_delegation.py"
+    mixin.parent.mkdir(parents=True)
+    mixin.write_text("class ForwardsEagle3ToLanguageModel:\n" + "".join(
+        f"    def {m}(self, *args):\n        return self.language_model.{m}(*args)\n\n" for m in TRIO))
+    edit(tree.path(dd.KIMI_MODULE), "class KimiK25ForConditionalGeneration(nn.Module):",
+         "class KimiK25ForConditionalGeneration(ForwardsEagle3ToLanguageModel, nn.Module):")
+    edit(tree.path(dd.KIMI_MODULE), "from sglang.srt.utils import add_prefix",
+         "from sglang.srt.utils import add_prefix\n"
+         "from sglang.srt.layers.eagle_delegation import ForwardsEagle3ToLanguageModel")
+    result = PATCH.check_source(tree)
+    assert result.status == APPLICABLE and KIMI not in result.detail
+    assert "internvl.InternVLChatModel (.language_model)" in result.detail
+
+
+def test_kimi_with_upstreams_methods_is_not_listed_and_the_diff_leaves_models_alone(trees, tmp_path):
+    """0.5.9 with the three methods added to Kimi-K2.5 as 0.5.10 did: nothing is added to it a second time."""
+    tree = copy_tree(trees["0.5.9"], tmp_path)
+    methods = "".join(f"\n    def {m}(self, *args):\n        return self.language_model.{m}(*args)\n" for m in TRIO)
+    edit(tree.path(dd.KIMI_MODULE), "    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):",
+         methods.lstrip("\n") + "\n    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):")
+    result = PATCH.check_source(tree)
+    assert result.status == APPLICABLE and KIMI not in result.detail
+    assert list(PATCH.rewrite(tree)) == [dd.MODEL_RUNNER]  # the diff never touches a model class
+
+
+@pytest.mark.parametrize("old, new, named", [
+    ("self.is_draft_worker = is_draft_worker", "self.is_draft = is_draft_worker", "self.is_draft_worker"),
+    ("    def load_model(self):", "    def load_weights_and_model(self):", "ModelRunner.load_model"),
+    ("logger = logging.getLogger(__name__)", "_log = logging.getLogger(__name__)", "logger"),
+    ("        self.load_model()", "        self.load_weights_and_model()", "self.load_model()"),
+])
+def test_drifted_when_a_name_the_wrapper_relies_on_goes(trees, tmp_path, old, new, named):
+    tree = copy_tree(trees["0.5.9"], tmp_path)
+    edit(tree.path(dd.MODEL_RUNNER), old, new)
+    result = PATCH.check_source(tree)
+    assert result.status == DRIFTED and named in result.detail
+
+
 # -- versioned diffs
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
@@ -192,81 +240,54 @@ def test_committed_diff_is_what_rewrite_generates(trees, version):
     assert committed.is_file() and committed.read_text() == generated, "run ci/generate-diffs"
 
 
+def added_text(diff: str) -> str:
+    return "".join(line[1:] + "\n" for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
+
+
 @pytest.mark.parametrize("version", COVERED_RELEASES)
-def test_diff_applies_and_adds_the_methods(trees, wrappers, version, tmp_path):
+def test_diff_adds_the_runtime_text_to_the_model_runner_only(version):
+    """The diff carries the very text the runtime compiles (HELPER_SOURCE) and its install line, nothing else."""
+    diff = (REPO / "patches" / version / f"{PATCH.id}.diff").read_text()
+    assert [line for line in diff.splitlines() if line.startswith("+++ ")] == [f"+++ b/{RUNNER_FILE}"]
+    assert added_text(diff).strip("\n") == (dd.HELPER_SOURCE + "\n\n" + dd.INSTALL_LINE).strip("\n")
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.16", "0.5.23"])
+def test_diff_applies_and_then_reads_applied(trees, version, tmp_path):
+    tree = copy_tree(trees[version], tmp_path)
     diff = REPO / "patches" / version / f"{PATCH.id}.diff"
-    touched = sorted({line[len("+++ b/"):].strip() for line in diff.read_text().splitlines()
-                      if line.startswith("+++ b/")})
-    for rel in touched:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(trees[version].root / rel, tmp_path / rel)
     proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(diff)], cwd=tmp_path,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for wrapper in (w for w in wrappers[version].values() if w.missing):
-        path = tmp_path / "sglang/srt/models" / f"{wrapper.module.rsplit('.', 1)[-1]}.py"
-        node = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == wrapper.name)
-        methods = {n.name: ast.get_source_segment(path.read_text(), n) for n in node.body
-                   if isinstance(n, ast.FunctionDef)}
-        for method in wrapper.missing:
-            assert f"self.{wrapper.attr}" in methods[method] and dd.MARKER in methods[method]
-
-
-def test_patched_source_reports_applied(trees, tmp_path):
-    tree = copy_tree(trees["0.5.9"], tmp_path)
-    diff = REPO / "patches" / "0.5.9" / f"{PATCH.id}.diff"
-    subprocess.run(["patch", "-p1", "--batch", "-i", str(diff)], cwd=tmp_path, check=True, capture_output=True)
-    assert PATCH.check_source(tree).status == APPLIED
-    assert PATCH.rewrite(tree) == {}
-
-
-def test_added_method_is_the_template_text(trees):
-    """The diff carries the very text the runtime compiles (METHOD_TEMPLATE)."""
-    diff = (REPO / "patches" / "0.5.9" / f"{PATCH.id}.diff").read_text()
-    added = "".join(line[1:] + "\n" for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
-    assert textwrap.indent(dd.method_source("get_embed_and_head", "language_model"), "    ") in added
+    patched = (tmp_path / RUNNER_FILE).read_text()
+    module = ast.parse(patched)  # still Python; the install line follows the class it patches
+    install = next(i for i, n in enumerate(module.body) if ast.unparse(n) == dd.INSTALL_LINE.strip())
+    runner = next(i for i, n in enumerate(module.body) if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    assert runner < install
+    assert PATCH.check_source(tree).status == APPLIED and PATCH.rewrite(tree) == {}
 
 
 # -- the real SGLang
 
-# Run in the real install, overlay active: imports every model module through SGLang's registry (as a server
-# does), then reports what the patch did.
+# Run in the real install, overlay active: the real ModelRunner.load_model, wrapped by the patch, is called with
+# only its weight loading replaced (the closure's original is swapped for a loader that sets self.model).
 RUNTIME_PROBE = r"""
-import json, sys
-from pathlib import Path
+import json, logging
 import torch
 import sglang
-import sglang.srt.models.registry
-from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Kimi
+import sglang.srt.model_executor.model_runner as mr
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang_pcie.activate import RESULTS
-from sglang_pcie.base import MARKER_ATTR, SourceTree
 from sglang_pcie.patches import drafter_delegation as dd
 
-tree = SourceTree(Path(sglang.__path__[0]).parent)
-models = {n: m for n, m in sys.modules.items() if n.startswith("sglang.srt.models.") and n.count(".") == 3}
-files = {p.stem for p in Path(sglang.__path__[0], "srt", "models").glob("*.py")}
-patched = sorted({f"{m.__name__.rsplit('.', 1)[1]}.{c.__name__}" for m in models.values() for c in vars(m).values()
-                 if isinstance(c, type) and c.__module__ == m.__name__
-                 and any(getattr(vars(c).get(x), MARKER_ATTR, None) == dd.PATCH_ID for x in dd.DELEGATED_METHODS)})
-called, probed = dd.eagle_target_methods(tree)
-result = dd.PATCH.check_runtime(models)
-report = {
-    "static_qualifying": sorted(w.label for w in dd.SourceModels(tree).wrappers() if w.missing),
-    "patched": patched,
-    "not_imported": sorted(files - {n.rsplit(".", 1)[1] for n in models}),
-    "kimi_result": [RESULTS[dd.PATCH_ID]["sglang.srt.models.kimi_k25"].status,
-                    RESULTS[dd.PATCH_ID]["sglang.srt.models.kimi_k25"].detail],
-    "check_runtime": [result.status, result.detail],
-    "eagle_names": sorted(called | probed),
-    "eagle_names_on_kimi": sorted(n for n in called | probed if hasattr(Kimi, n)),
-    "kimi_methods": {m: [getattr(vars(Kimi).get(m), MARKER_ATTR, None), vars(Kimi)[m].__code__.co_filename]
-                     for m in dd.DELEGATED_METHODS if m in vars(Kimi)},
-}
-"""
+records = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+mr.logger.addHandler(Collect())
 
-DELEGATION_PROBE = r"""
 class StandIn(torch.nn.Module):
-    # Records what the wrapper forwards: only the far end of the delegation, not a language model.
+    # The far end of the delegation (records what it is asked), not a language model.
     def __init__(self):
         super().__init__()
         self.calls = []
@@ -278,42 +299,77 @@ class StandIn(torch.nn.Module):
     def set_embed_and_head(self, embed, head):
         self.calls.append(["set_embed_and_head", embed, head])
 
-wrapper = object.__new__(Kimi)
-torch.nn.Module.__init__(wrapper)
+wrapped = mr.ModelRunner.load_model
+original = next(c for c in wrapped.__closure__ if c.cell_contents is wrapped.__wrapped__)
+
+def load(cls, attr, algorithm="EAGLE3", draft=False):
+    model = object.__new__(cls)
+    torch.nn.Module.__init__(model)
+    setattr(model, attr, StandIn())
+    def load_weights_only(self):
+        self.model = model
+    original.cell_contents = load_weights_only
+    runner = object.__new__(mr.ModelRunner)
+    runner.is_draft_worker = draft
+    runner.spec_algorithm = SpeculativeAlgorithm.from_string(algorithm)
+    mr.ModelRunner.load_model(runner)
+    return model
+
+def gained(cls):
+    return {m: getattr(vars(cls)[m], "__sglang_pcie_patch__", None) for m in dd.DELEGATED_METHODS if m in vars(cls)}
+
 TRIO = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head")
-inner = wrapper.language_model = StandIn()
-wrapper.set_eagle3_layers_to_capture([2, 30, 57])
-wrapper.set_eagle3_layers_to_capture()
-returned = wrapper.get_embed_and_head()
-wrapper.set_embed_and_head("e", "h")
-wrapper.language_model = torch.nn.Identity()  # an inner model without the methods
-try:
-    wrapper.get_embed_and_head()
-    error = None
-except AttributeError as exc:
-    error = str(exc)
-report.update(calls=inner.calls, returned=list(returned), error=error)
+result = RESULTS["drafter-delegation"][mr.__name__]
+report = {"result": [result.status, result.detail], "check_runtime": dd.PATCH.check_runtime({mr.__name__: mr}).status,
+          "wrapped_is_marked": getattr(wrapped, "__sglang_pcie_patch__", None)}
+"""
 
-# Idempotent: applying again changes nothing.
-import sglang.srt.models.kimi_k25 as kimi_module
-before = {m: vars(Kimi)[m] for m in report["kimi_methods"]}
-again = dd.PATCH.apply(kimi_module)
-report.update(again=again.status, unchanged=all(vars(Kimi)[m] is f for m, f in before.items()))
+KIMI_PROBE = r"""
+from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Kimi
+report["kimi_before"] = gained(Kimi)
+load(Kimi, "language_model", "NONE")
+report["kimi_no_speculative"] = gained(Kimi)
+load(Kimi, "language_model", "EAGLE3", draft=True)
+report["kimi_draft_runner"] = gained(Kimi)
+model = load(Kimi, "language_model", "EAGLE3")
+report["kimi_eagle3"] = gained(Kimi)
+model.set_eagle3_layers_to_capture([2, 30, 57])
+model.set_eagle3_layers_to_capture()
+returned = model.get_embed_and_head()
+model.set_embed_and_head("e", "h")
+report.update(calls=model.language_model.calls, returned=list(returned), log=list(records))
+first = {m: vars(Kimi)[m] for m in TRIO}
+load(Kimi, "language_model", "EAGLE3")  # a second load (e.g. weights reloaded): nothing more
+report.update(kimi_again=gained(Kimi), same_functions=all(vars(Kimi)[m] is f for m, f in first.items()),
+              qualnames=[vars(Kimi)[m].__qualname__ for m in TRIO])
+"""
 
-# Drift: the real kimi_k25 source, edited so that forward runs only the inner backbone.
-import inspect, linecache, types
-from sglang_pcie.base import Drift
-source = inspect.getsource(kimi_module).replace("language_model=self.language_model,",
-                                                "language_model=self.language_model.model,")
-linecache.cache["<edited kimi_k25>"] = (len(source), None, source.splitlines(True), "<edited kimi_k25>")
-edited = types.ModuleType(kimi_module.__name__)
-exec(compile(source, "<edited kimi_k25>", "exec"), vars(edited))
-try:
-    dd.PATCH.apply(edited)
-    drift = None
-except Drift as exc:
-    drift = str(exc)
-report.update(drift=drift, edited_untouched=not any(hasattr(edited.KimiK25ForConditionalGeneration, m) for m in TRIO))
+REFUSAL_PROBE = r"""
+# 0.5.23 refuses EAGLE-3 on a model lacking set_eagle3_layers_to_capture (attention_backend_setup.py).
+from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+    configure_aux_hidden_state_capture)
+from sglang.srt.models.qwen2_audio import Qwen2AudioForConditionalGeneration as Audio
+from sglang.srt.models.sarashina2_vision import Sarashina2VisionForCausalLM as Sarashina
+from sglang.srt.models.internvl import InternVLChatModel as InternVL
+
+def configure(model):
+    try:
+        configure_aux_hidden_state_capture(model=model, eagle_use_aux_hidden_state=True,
+                                           eagle_aux_hidden_state_layer_ids=[1, 2], dflash_use_aux_hidden_state=False,
+                                           dflash_target_layer_ids=None, is_dspark=False)
+        return None
+    except ValueError as exc:
+        return str(exc)
+
+del records[:]
+load(InternVL, "language_model", "NONE")  # no speculative decoding: untouched, SGLang's refusal stands
+report["internvl_no_speculative"] = [gained(InternVL), configure(load(InternVL, "language_model", "NONE"))]
+audio = load(Audio, "language_model", "EAGLE3")
+report["audio"] = [gained(Audio), configure(audio), list(audio.language_model.calls)]
+audio.get_embed_and_head()
+sarashina = load(Sarashina, "llm", "EAGLE3")  # forward runs only self.llm.model: left to SGLang's refusal
+report["sarashina"] = [gained(Sarashina), configure(sarashina)]
+report["refusal_log"] = list(records)
 """
 
 
@@ -321,44 +377,48 @@ def runtime_report(env, *probes: str, overrides: dict | None = None) -> dict:
     return env.run_json("".join((RUNTIME_PROBE, *probes, "print(json.dumps(report))\n")), env=overrides)
 
 
-def test_sglang_0_5_9_wrappers_delegate(sglang_env):
-    report = runtime_report(sglang_env("0.5.9"), DELEGATION_PROBE)
-    # Every class the static rule names is patched, in every model module the real registry could import.
-    imported = [label for label in report["static_qualifying"] if label.split(".")[0] not in report["not_imported"]]
-    assert report["patched"] == imported and KIMI in imported
-    assert report["kimi_result"][0] == "applied" and report["check_runtime"][0] == "applied"
-    # Each name the 0.5.9 EAGLE path uses on a target resolves on the wrapper.
-    assert report["eagle_names"] == ["get_embed_and_head", "set_eagle3_layers_to_capture"]
-    assert report["eagle_names_on_kimi"] == report["eagle_names"]
-    assert sorted(report["kimi_methods"]) == sorted(TRIO)
-    assert all(marker == PATCH.id for marker, _ in report["kimi_methods"].values())
+LOG_LINE = ("sglang-pcie drafter-delegation: KimiK25ForConditionalGeneration lacks set_eagle3_layers_to_capture, "
+            "get_embed_and_head, set_embed_and_head; forwarding to its language_model (StandIn)")
+
+
+def test_sglang_0_5_9_kimi_k25_gains_the_methods_only_as_an_eagle_target(sglang_env):
+    report = runtime_report(sglang_env("0.5.9"), KIMI_PROBE)
+    assert report["result"][0] == "applied" and report["check_runtime"] == "applied"
+    assert report["wrapped_is_marked"] == PATCH.id
+    # Nothing before the target model of an EAGLE run is loaded, nor for a plain run or the draft model.
+    assert report["kimi_before"] == report["kimi_no_speculative"] == report["kimi_draft_runner"] == {}
+    assert report["kimi_eagle3"] == {m: PATCH.id for m in TRIO}
     assert report["calls"] == [["set_eagle3_layers_to_capture", [2, 30, 57]], ["set_eagle3_layers_to_capture", None],
                                ["get_embed_and_head"], ["set_embed_and_head", "e", "h"]]
     assert report["returned"] == ["embed", "head"]
-    assert report["error"] == ("KimiK25ForConditionalGeneration.get_embed_and_head: "
-                               "its language_model (Identity) has no get_embed_and_head")
-    assert report["again"] == "applied" and report["unchanged"]
-    assert dd.KIMI_CLASS in report["drift"] and report["edited_untouched"]
+    assert report["log"] == [LOG_LINE]  # one line, at the first call
+    assert report["kimi_again"] == report["kimi_eagle3"] and report["same_functions"]
+    assert report["qualnames"] == [f"{dd.KIMI_CLASS}.{m}" for m in TRIO]
 
 
 def test_sglang_0_5_9_patch_switched_off(sglang_env):
-    code = ("import json\nfrom sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as Kimi\n"
+    code = ("import json\nimport sglang.srt.model_executor.model_runner as mr\n"
             "from sglang_pcie.activate import RESULTS, SWITCHED_OFF\n"
-            "print(json.dumps({'has': [m for m in %r if hasattr(Kimi, m)],"
+            "print(json.dumps({'wrapped': hasattr(mr.ModelRunner.load_model, '__wrapped__'),"
             " 'results': {k: v.status for k, v in RESULTS.get('drafter-delegation', {}).items()},"
-            " 'switched_off': SWITCHED_OFF.get('drafter-delegation')}))\n" % (TRIO,))
+            " 'switched_off': SWITCHED_OFF.get('drafter-delegation')}))\n")
     report = sglang_env("0.5.9").run_json(code, env={"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})
-    assert report == {"has": [], "results": {}, "switched_off": "listed in SGLANG_PCIE_DISABLE_PATCHES"}
+    assert report == {"wrapped": False, "results": {}, "switched_off": "listed in SGLANG_PCIE_DISABLE_PATCHES"}
 
 
-def test_sglang_0_5_23_upstream_methods_left_alone(sglang_env):
-    report = runtime_report(sglang_env("0.5.23"))
-    # Kimi-K2.5's own methods (upstream since 0.5.10) are untouched: not ours, defined in kimi_k25.py.
-    assert sorted(report["kimi_methods"]) == sorted(TRIO)
-    assert all(marker is None and path.endswith("sglang/srt/models/kimi_k25.py")
-               for marker, path in report["kimi_methods"].values())
-    assert report["kimi_result"][0] == "upstream"
-    imported = [label for label in report["static_qualifying"] if label.split(".")[0] not in report["not_imported"]]
-    assert report["patched"] == imported and KIMI not in imported
-    assert report["check_runtime"][0] == "applied"
-    assert report["eagle_names"] == sorted(set().union(*expected_target_calls("0.5.23")))
+def test_sglang_0_5_23_upstream_kimi_untouched_and_refusal_passed_only_where_it_can_run(sglang_env):
+    report = runtime_report(sglang_env("0.5.23"), KIMI_PROBE.split("model.set_eagle3")[0], REFUSAL_PROBE)
+    assert report["result"][0] == "applied" and report["check_runtime"] == "applied"
+    # Kimi-K2.5 has the methods upstream (since 0.5.10): never a second set.
+    assert report["kimi_before"] == report["kimi_eagle3"] == {m: None for m in TRIO}
+    refusal = "does not implement set_eagle3_layers_to_capture"
+    internvl_gained, internvl_refused = report["internvl_no_speculative"]
+    assert internvl_gained == {} and refusal in internvl_refused
+    audio_gained, audio_refused, audio_calls = report["audio"]
+    assert audio_gained == {m: PATCH.id for m in TRIO} and audio_refused is None
+    assert audio_calls == [["set_eagle3_layers_to_capture", [1, 2]]]
+    sarashina_gained, sarashina_refused = report["sarashina"]
+    assert sarashina_gained == {} and refusal in sarashina_refused
+    assert report["refusal_log"] == [
+        "sglang-pcie drafter-delegation: Qwen2AudioForConditionalGeneration lacks set_eagle3_layers_to_capture, "
+        "get_embed_and_head, set_embed_and_head; forwarding to its language_model (StandIn)"]

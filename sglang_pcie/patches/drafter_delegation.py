@@ -1,40 +1,40 @@
-"""drafter-delegation: EAGLE-3 drafters work with wrapper target models (Kimi-K2.5 and the other wrappers).
+"""drafter-delegation: EAGLE-3 drafters work with wrapper target models (Kimi-K2.5 on 0.5.9, other wrappers).
 
-EAGLE-3 asks the *target* model to capture auxiliary hidden states (``set_eagle3_layers_to_capture``, from the model
-runner and the CUDA-graph runner) and to share its embedding and LM head (``get_embed_and_head``, from the EAGLE
-workers).  A wrapper such as ``KimiK25ForConditionalGeneration`` holds the causal LM as ``language_model`` and, in
-SGLang 0.5.9, forwards none of it, so an EAGLE-3 drafter cannot run on Kimi-K2.5.  Upstream added the forwarding to
-that one wrapper in 0.5.10; many other wrappers still lack it.
+EAGLE asks the *target* model to capture auxiliary hidden states (``set_eagle3_layers_to_capture``, from the model
+runner) and to share its embedding and LM head (``get_embed_and_head``, from the EAGLE workers).  A wrapper such
+as ``KimiK25ForConditionalGeneration`` holds the causal LM as ``language_model``; in SGLang 0.5.9 it forwards none
+of it, so an EAGLE-3 drafter cannot run on Kimi-K2.5.  Upstream added the forwarding to that wrapper in 0.5.10;
+other wrappers still lack it (0.5.23 refuses them explicitly: "does not implement set_eagle3_layers_to_capture").
 
-A model class gets the delegation when
+The patch acts only where it is needed: ``ModelRunner.load_model`` is wrapped so that, once the *target* model of
+an EAGLE run is loaded (not the draft model; no speculative decoding: nothing happens), a class that lacks those
+methods but holds exactly one language model that has them, and whose ``forward`` runs that model whole (so the
+captured hidden states reach the logits), gains methods forwarding to it.  The first call of one logs one line
+naming the class and the inner model.  Anything else (no such language model, the forward runs only its backbone)
+is left to SGLang's own error.
 
-1. one of its methods assigns ``self.<attr> = <Cls>(...)`` where ``Cls`` is an EAGLE-3-capable language model
-   (it offers ``set_eagle3_layers_to_capture`` and ``get_embed_and_head``, i.e. a causal LM, not a backbone);
-2. its ``forward`` hands ``self.<attr>`` whole to a call (``language_model=self.language_model`` or
-   ``self.language_model(...)``), so the captured hidden states reach the logits.  A wrapper that runs only the inner
-   backbone and its own logits processor would crash if capture were switched on, and is left alone;
-3. it lacks one or more of ``DELEGATED_METHODS`` that the inner class offers.
-
-The one rule runs on live classes (each ``sglang.srt.models.*`` module, right after its import) and on source files
-(verify-patches, the versioned diffs); the added methods are the same source text in both.
+The wrapper is ``HELPER_SOURCE``, compiled at runtime and inserted as source by the versioned diffs: one text.
+The static check reads the model runner for every name that text relies on, the EAGLE workers for the methods
+they call on the target, and ``srt/models`` for the classes that would gain methods if served.
 """
 from __future__ import annotations
 
 import ast
-import inspect
 import linecache
+import logging
 import re
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
 
 from sglang_pcie.base import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift,
-                              Patch, Result, SourceTree, installed_sglang_root, is_patched, mark)
+                              Patch, Result, SourceTree, is_patched, mark)
 
 PATCH_ID = "drafter-delegation"
 MODELS = "sglang.srt.models"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+RUNNER_CLASS = "ModelRunner"
 KIMI_MODULE = f"{MODELS}.kimi_k25"
 KIMI_CLASS = "KimiK25ForConditionalGeneration"
 
@@ -54,22 +54,49 @@ MODULE_API = frozenset({
 })
 MARKER = f"{DIFF_MARKER} {PATCH_ID}"
 
-# The added method, in the versioned diffs and (compiled from this same text) at runtime.
-METHOD_TEMPLATE = '''\
-def {method}(self, *args, **kwargs):
-    # {marker} (EAGLE-3 calls this on the target model)
-    inner = self.{attr}
-    if not hasattr(inner, "{method}"):
-        raise AttributeError(
-            f"{{type(self).__name__}}.{method}: its {attr} "
-            f"({{type(inner).__name__}}) has no {method}"
-        )
-    return inner.{method}(*args, **kwargs)
+HELPER_NAME = "_sglang_pcie_delegate_eagle_methods"
+# The wrapper of ModelRunner.load_model: compiled at runtime, inserted after the class by the versioned diffs.
+# It relies on: the module's ``logger``; ModelRunner's ``model``, ``is_draft_worker``, ``spec_algorithm``
+# (``is_eagle()``); nn.Module's ``named_children``.  check_source checks each of them.
+HELPER_SOURCE = f'''\
+# {MARKER}: an EAGLE target class lacking EAGLE's methods forwards them to its language model
+def {HELPER_NAME}(load_model):
+    import ast, functools, inspect, textwrap
+    methods = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head", "get_embed_and_head_for_draft")
+
+    def forwarding(cls, name, method, added, logged):
+        def forward_to_inner(self, *args, **kwargs):
+            if not logged:
+                logged.append(method)
+                logger.warning("sglang-pcie {PATCH_ID}: %s lacks %s; forwarding to its %s (%s)",
+                               cls.__name__, ", ".join(added), name, type(getattr(self, name)).__name__)
+            return getattr(getattr(self, name), method)(*args, **kwargs)
+        forward_to_inner.__qualname__ = f"{{cls.__qualname__}}.{{method}}"
+        forward_to_inner.__sglang_pcie_patch__ = "{PATCH_ID}"
+        return forward_to_inner
+
+    @functools.wraps(load_model)
+    def load_model_then_delegate(self, *args, **kwargs):
+        result = load_model(self, *args, **kwargs)
+        cls = type(self.model)
+        if self.is_draft_worker or not self.spec_algorithm.is_eagle() or all(hasattr(cls, m) for m in methods[:2]):
+            return result
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+        except (OSError, TypeError, SyntaxError):  # no source to read: SGLang's own error stands
+            return result
+        handed = {{ast.unparse(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                  for node in (call.func, *call.args, *(k.value for k in call.keywords))}}
+        held = [(name, child) for name, child in self.model.named_children()
+                if all(hasattr(child, m) for m in methods[:2]) and {{f"self.{{name}}", f"self.{{name}}.forward"}} & handed]
+        for name, inner in held if len(held) == 1 else ():  # one language model: its hidden states reach the logits
+            added, logged = [m for m in methods if not hasattr(cls, m) and hasattr(inner, m)], []
+            for method in added:
+                setattr(cls, method, forwarding(cls, name, method, added, logged))
+        return result
+    return load_model_then_delegate
 '''
-
-
-def method_source(method: str, attr: str) -> str:
-    return METHOD_TEMPLATE.format(method=method, attr=attr, marker=MARKER)
+INSTALL_LINE = f"{RUNNER_CLASS}.load_model = {HELPER_NAME}({RUNNER_CLASS}.load_model)\n"
 
 
 @dataclass(frozen=True)
@@ -80,19 +107,29 @@ class Wrapper:
     name: str  # class name
     attr: str
     inner: tuple[str, ...]  # the capable classes ``attr`` is built from
-    missing: tuple[str, ...]  # DELEGATED_METHODS the class lacks and an inner class offers: what the patch adds
+    missing: tuple[str, ...]  # DELEGATED_METHODS the class lacks and an inner class offers: what it would gain
 
     @property
     def label(self) -> str:
         return f"{self.module.rsplit('.', 1)[-1]}.{self.name}"
 
 
-# -- the rule, on ASTs (shared by the runtime and the static side)
+# -- the wrapper rule, on ASTs (static; the runtime applies the same rule to the live instance)
 
 def _self_attr(node: ast.AST) -> str | None:
     """``x`` for the expression ``self.x``."""
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return node.attr
+    return None
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
     return None
 
 
@@ -105,7 +142,7 @@ def _statements(node: ast.AST):
 
 
 def inner_model_assignments(function: ast.AST) -> list[tuple[str, str]]:
-    """(attribute, called name) for each ``self.<attribute> = <Name>(...)`` in ``function``."""
+    """(attribute, called name) for each ``self.<attribute> = <Name or module.Name>(...)`` in ``function``."""
     found = []
     for node in _statements(function):
         if isinstance(node, ast.Assign):
@@ -114,13 +151,14 @@ def inner_model_assignments(function: ast.AST) -> list[tuple[str, str]]:
             targets, value = [node.target], node.value
         else:
             continue
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-            found.extend((attr, value.func.id) for target in targets if (attr := _self_attr(target)))
+        if isinstance(value, ast.Call) and (callee := _dotted(value.func)) and not callee.startswith("self."):
+            found.extend((attr, callee) for target in targets if (attr := _self_attr(target)))
     return found
 
 
 def hands_over(forward: ast.AST, attr: str) -> bool:
-    """Whether ``forward`` calls ``self.<attr>`` (or its ``forward``) or passes it whole as an argument."""
+    """Whether ``forward`` calls ``self.<attr>`` (or its ``forward``) or passes it whole as an argument: the rule
+    the runtime applies to the live class's forward too."""
     for node in ast.walk(forward):
         if not isinstance(node, ast.Call):
             continue
@@ -137,7 +175,7 @@ def hands_over(forward: ast.AST, attr: str) -> bool:
 def classify(module: str, name: str, assignments: Iterable[tuple[str, str]], forward: ast.AST | None,
              is_capable: Callable[[str], bool], inner_offers: Callable[[str, str], bool],
              lacks: Callable[[str], bool]) -> Wrapper | None:
-    """The Wrapper a class is, or None.  Names are resolved by the callers (live module or source index)."""
+    """The Wrapper a class is, or None.  Names are resolved by the caller."""
     by_attr: dict[str, list[str]] = {}
     for attr, callee in assignments:
         if is_capable(callee) and callee not in by_attr.get(attr, []):
@@ -154,105 +192,28 @@ def classify(module: str, name: str, assignments: Iterable[tuple[str, str]], for
 
 
 def summarize(wrappers: list[Wrapper]) -> str:
-    methods = [m for m in DELEGATED_METHODS if any(m in w.missing for w in wrappers)]
-    classes = "1 class" if len(wrappers) == 1 else f"{len(wrappers)} classes"
-    return (f"{', '.join(methods)} forwarded on {classes}: "
-            + ", ".join(f"{w.label} (.{w.attr})" for w in wrappers))
+    return ", ".join(f"{w.label} (.{w.attr})" for w in wrappers)
 
 
-# -- runtime: live classes
-
-def _lacks(cls, method: str) -> bool:
-    """No class in ``cls``'s MRO defines ``method``, except through this patch."""
-    member = getattr(cls, method, None)
-    return member is None or is_patched(member, PATCH_ID)
-
-
-def _is_capable_class(obj) -> bool:
-    return isinstance(obj, type) and not any(_lacks(obj, m) for m in CAPABLE)
-
-
-def _function_ast(function) -> ast.AST:
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError) as exc:  # e.g. an install without .py files
-        raise Drift(f"no source for {function.__qualname__}: {exc}") from exc
-    return ast.parse(textwrap.dedent(source)).body[0]
-
-
-def runtime_wrappers(module: ModuleType) -> list[Wrapper]:
-    """The Wrappers among the classes ``module`` defines (judged on the live classes)."""
-    namespace = vars(module)
-    found = []
-    # dict.fromkeys: a class bound to two names (``EntryClass = Foo``) is looked at once.
-    for cls in dict.fromkeys(v for v in namespace.values() if isinstance(v, type)):
-        if cls.__module__ != module.__name__:
-            continue
-        assignments = []
-        for function in vars(cls).values():
-            # Cheap filter first: only functions naming a capable class are worth parsing.
-            if isinstance(function, FunctionType) and any(
-                    _is_capable_class(namespace.get(n)) for n in function.__code__.co_names):
-                assignments += inner_model_assignments(_function_ast(function))
-        if not assignments:
-            continue
-        forward = getattr(cls, "forward", None)
-        wrapper = classify(
-            module.__name__, cls.__name__, assignments,
-            _function_ast(forward) if isinstance(forward, FunctionType) else None,
-            is_capable=lambda callee: _is_capable_class(namespace.get(callee)),
-            inner_offers=lambda callee, m: not _lacks(namespace[callee], m),
-            lacks=lambda m, cls=cls: _lacks(cls, m))
-        if wrapper:
-            found.append(wrapper)
-    return found
-
-
-def delegating_method(cls: type, attr: str, method: str) -> FunctionType:
-    """The added method, compiled from METHOD_TEMPLATE (its source is kept for tracebacks and inspect)."""
-    source = method_source(method, attr)
-    filename = f"<{PATCH_ID} {cls.__module__}.{cls.__qualname__}.{method}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict = {}
-    exec(compile(source, filename, "exec"), namespace)
-    function = namespace[method]
-    function.__module__ = cls.__module__
-    function.__qualname__ = f"{cls.__qualname__}.{method}"
-    return mark(function, PATCH_ID)
-
-
-def _carries_diff(cls: type) -> bool:
-    """The class's delegated methods come from source that carries our versioned diff."""
-    for method in DELEGATED_METHODS:
-        function = vars(cls).get(method)
-        if isinstance(function, FunctionType) and not is_patched(function, PATCH_ID):
-            try:
-                if MARKER in inspect.getsource(function):
-                    return True
-            except OSError:
-                pass
-    return False
-
-
-# -- static: source files
+# -- static: the model classes
 #
 # Parsing every file of srt/models with ast takes most of a second, so the text is outlined with regular
-# expressions (classes, bases, members, imports: a filter) and only the classes that look like wrappers, and the
-# functions of the EAGLE code that mention the target model, are parsed with ast.
+# expressions (classes, bases, members, imports: a filter) and only the classes that look like wrappers are
+# parsed with ast.  Modules are named by their dotted name; bases and imported names are followed into any module
+# of the tree (a mixin in sglang/srt/layers counts), never outside it.
 
 # Patterns start with a literal (not ^) so that re can skip ahead quickly; the module text is prefixed with "\n".
 _CLASS_HEADER = re.compile(r"\nclass\s+(\w+)\s*(?:\(([^)]*)\))?\s*:")
 _TOP_LEVEL_LINE = re.compile(r"\n[^\s#)\]}]")  # a line starting a top-level statement
-_METHOD_LINE = re.compile(r"\n(?:    )?(?:async\s+)?def\s")  # a top-level function or a method
-_OUTER_LINE = re.compile(r"\n(?:    )?[^\s#)\]}]")  # a line at indentation 0 or 4
 _MEMBER = re.compile(r"\n    (?:(?:async\s+)?def\s+(\w+)\s*\(|(\w+)\s*(?::[^=\n]*)?=[^=])")
-_MODEL_IMPORT = re.compile(r"\nfrom\s+(?:sglang\.srt\.models)?\.(\w+)\s+import\s+(?:\([^)]*\)|[^\n]*)")
-_SELF_CALL_ASSIGN = re.compile(r"self\.\w+\s*(?::[^=\n]*)?=\s*(\w+)\s*\(")
+_FROM_IMPORT = re.compile(r"\nfrom\s+(sglang[\w.]*|\.+[\w.]*)\s+import\s+(?:\([^)]*\)|[^\n]*)")
+_MODULE_IMPORT = re.compile(r"\nimport\s+(sglang(?:\.\w+)+)\s+as\s+(\w+)")
+_SELF_CALL_ASSIGN = re.compile(r"self\.\w+\s*(?::[^=\n]*)?=\s*([\w.]+)\s*\(")
 
 
 @dataclass
 class _ClassOutline:
-    bases: list[str]  # last dotted component of each base
+    bases: list[str]  # each base as written (dotted), subscripts dropped
     members: set[str]  # methods and class attributes defined in the body
     start: int  # character offsets of the class statement in the module text
     end: int
@@ -263,69 +224,92 @@ def _outline(text: str) -> dict[str, _ClassOutline]:
     for header in _CLASS_HEADER.finditer(text):
         following = _TOP_LEVEL_LINE.search(text, header.end())
         end = following.start() + 1 if following else len(text)
-        bases = [b.split("[")[0].strip().rsplit(".", 1)[-1] for b in (header.group(2) or "").split(",")
-                 if b.strip() and "=" not in b]
+        bases = [b.split("[")[0].strip() for b in (header.group(2) or "").split(",") if b.strip() and "=" not in b]
         members = {m.group(1) or m.group(2) for m in _MEMBER.finditer(text, header.end(), end)}
         classes[header.group(1)] = _ClassOutline(bases, members, header.start() + 1, end)
     return classes
 
 
 class SourceModels:
-    """The top-level modules of ``sglang/srt/models`` in a source tree."""
+    """The model classes of ``sglang/srt/models`` in a source tree, and the modules their names lead to."""
 
     def __init__(self, tree: SourceTree):
+        self.tree = tree
         folder = tree.root / "sglang" / "srt" / "models"
-        # "\n" first, so that the first line matches the patterns too; offsets count it.
-        self.texts = {p.stem: "\n" + p.read_text(encoding="utf-8").lstrip("\ufeff")
-                      for p in sorted(folder.glob("*.py"))}
+        self.models = [f"{MODELS}.{p.stem}" for p in sorted(folder.glob("*.py"))]
+        self._texts: dict[str, str | None] = {}
         self._outlines: dict[str, dict[str, _ClassOutline]] = {}
         self._imports: dict[str, dict[str, tuple[str, str]]] = {}
         self._offers: dict[tuple[str, str, str], bool] = {}
         self._asts: dict[tuple[str, str], tuple[ast.ClassDef, int]] = {}
 
+    def text(self, module: str) -> str | None:
+        """The module's source with "\\n" put first (so that the first line matches the patterns), or None."""
+        if module not in self._texts:
+            source = self.tree.source(module)
+            self._texts[module] = None if source is None else "\n" + source.lstrip("\ufeff")
+        return self._texts[module]
+
     def outline(self, module: str) -> dict[str, _ClassOutline]:
         if module not in self._outlines:
-            self._outlines[module] = _outline(self.texts[module])
+            text = self.text(module)
+            self._outlines[module] = _outline(text) if text is not None else {}
         return self._outlines[module]
 
     def capable_names(self) -> set[str]:
-        """Names of the classes that may be EAGLE-3-capable (a filter: names only, bases matched by name)."""
-        names = {name for module, text in self.texts.items() if f"def {CAPABLE[0]}" in text
+        """Names of the model classes that may be EAGLE-3-capable (a filter: names only, bases matched by name)."""
+        texts = {module: self.text(module) for module in self.models}
+        names = {name for module, text in texts.items() if f"def {CAPABLE[0]}" in text
                  for name, outline in self.outline(module).items() if CAPABLE[0] in outline.members}
-        bases = {name: header.group(2) or "" for text in self.texts.values()
-                 for header in _CLASS_HEADER.finditer(text) for name in [header.group(1)]}
+        bases = {name: outline.bases for module in texts for name, outline in self.outline(module).items()}
         while True:
-            more = {name for name, base_text in bases.items() if name not in names
-                    and any(b.split("[")[0].strip().rsplit(".", 1)[-1] in names for b in base_text.split(","))}
+            more = {name for name, listed in bases.items() if name not in names
+                    and any(b.rsplit(".", 1)[-1] in names for b in listed)}
             if not more:
                 return names
             names |= more
 
     def imports(self, module: str) -> dict[str, tuple[str, str]]:
-        """Local name -> (models module, class name) for ``from sglang.srt.models.X import ...``."""
+        """Local name -> (module, name there) for the module's top-level ``from X import`` and
+        ``import sglang.X as Y`` (then (``sglang.X``, "")) statements, relative ones resolved."""
         if module not in self._imports:
-            names = {}
-            for statement in _MODEL_IMPORT.finditer(self.texts[module]):
+            text, names = self.text(module) or "", {}
+            package = module if self.tree.path(module).name == "__init__.py" else module.rpartition(".")[0]
+            for statement in _FROM_IMPORT.finditer(text):
                 try:
-                    node = ast.parse(statement.group(0)).body[0]
+                    node = ast.parse(statement.group(0).strip()).body[0]
                 except SyntaxError:  # a continuation line the filter did not take in
                     continue
-                source_module = node.module.rsplit(".", 1)[-1]
-                names.update({alias.asname or alias.name: (source_module, alias.name) for alias in node.names})
+                base = package
+                for _ in range(max(node.level - 1, 0)):
+                    base = base.rpartition(".")[0]
+                source = ".".join(filter(None, [base, node.module])) if node.level else node.module
+                if source and source.startswith("sglang"):
+                    names.update({a.asname or a.name: (source, a.name) for a in node.names if a.name != "*"})
+            for statement in _MODULE_IMPORT.finditer(text):
+                names[statement.group(2)] = (statement.group(1), "")
             self._imports[module] = names
         return self._imports[module]
 
     def resolve(self, module: str, name: str, depth: int = 0) -> tuple[str, str] | None:
-        """The (module, class) a class name used in ``module`` refers to, within the models folder."""
-        if name in self.outline(module):
+        """The (module, class) a (possibly dotted) class name used in ``module`` refers to, within the tree."""
+        if depth > 8 or self.text(module) is None:
+            return None
+        head, _, rest = name.partition(".")
+        if not rest and name in self.outline(module):
             return module, name
-        imported = self.imports(module).get(name)
-        if imported and imported[0] in self.texts and depth < 5:
-            return self.resolve(*imported, depth=depth + 1)
-        return None
+        imported = self.imports(module).get(head)
+        if imported is None:
+            return None
+        source, there = imported
+        if not there:  # ``import sglang.x as m``: ``m.Class``
+            return self.resolve(source, rest, depth + 1) if rest else None
+        if rest:  # ``from sglang.x import module``: ``module.Class``
+            return self.resolve(f"{source}.{there}", rest, depth + 1)
+        return self.resolve(source, there, depth + 1)
 
     def offers(self, module: str, name: str, member: str) -> bool:
-        """Whether the class or one of its bases in the models folder defines ``member``."""
+        """Whether the class or one of its bases in the tree defines ``member`` (inherited counts)."""
         key = (module, name, member)
         if key not in self._offers:
             self._offers[key] = False  # a cycle of bases ends here
@@ -342,7 +326,7 @@ class SourceModels:
         """The class's ast and the number of module lines before it."""
         key = (module, name)
         if key not in self._asts:
-            text, outline = self.texts[module], self.outline(module)[name]
+            text, outline = self.text(module), self.outline(module)[name]
             offset = text.count("\n", 0, outline.start) - 1  # the "\n" put first
             try:
                 node = ast.parse(text[outline.start:outline.end]).body[0]
@@ -366,35 +350,41 @@ class SourceModels:
                     return found
         return None
 
+    def lacks(self, module: str, name: str, own: set[str], method: str) -> bool:
+        return method not in own and not any((base := self.resolve(module, b)) and self.offers(*base, method)
+                                             for b in self.outline(module)[name].bases)
+
+    def wrapper(self, module: str, name: str) -> Wrapper | None:
+        """The class as the delegation rule sees it, or None when it holds no language model it could serve."""
+        node, _ = self.class_ast(module, name)
+        functions = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        # Its own members from the ast (the outline's are only a filter): methods and class attributes.
+        own = {f.name for f in functions} | {t.id for item in node.body if isinstance(item, ast.Assign)
+                                             for t in item.targets if isinstance(t, ast.Name)}
+        assignments = [pair for function in functions for pair in inner_model_assignments(function)]
+        return classify(module, name, assignments, self.forward(module, name),
+                        is_capable=lambda callee: self.is_capable(module, callee),
+                        inner_offers=lambda callee, m: self.offers(*self.resolve(module, callee), m),
+                        lacks=lambda m: self.lacks(module, name, own, m))
+
     def wrappers(self) -> list[Wrapper]:
         found, candidates = [], self.capable_names()
-        for module, text in self.texts.items():
-            if not candidates.intersection(_SELF_CALL_ASSIGN.findall(text)):
+        for module in self.models:
+            text = self.text(module)
+            if not candidates.intersection(c.rsplit(".", 1)[-1] for c in _SELF_CALL_ASSIGN.findall(text)):
                 continue
             for name, outline in self.outline(module).items():
                 # Only classes assigning self.x = <capable class>(...) in their text are parsed.
                 callees = set(_SELF_CALL_ASSIGN.findall(text, outline.start, outline.end))
-                if not any(self.is_capable(module, callee) for callee in callees):
-                    continue
-                node, _ = self.class_ast(module, name)
-                functions = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
-                # Its own members from the ast (the outline's are only a filter): methods and class attributes.
-                own = {f.name for f in functions} | {t.id for item in node.body if isinstance(item, ast.Assign)
-                                                     for t in item.targets if isinstance(t, ast.Name)}
-                assignments = [pair for function in functions for pair in inner_model_assignments(function)]
-                wrapper = classify(
-                    f"{MODELS}.{module}", name, assignments, self.forward(module, name),
-                    is_capable=lambda callee, module=module: self.is_capable(module, callee),
-                    inner_offers=lambda callee, m, module=module: self.offers(*self.resolve(module, callee), m),
-                    lacks=lambda m, module=module, name=name, own=own: m not in own and not any(
-                        (base := self.resolve(module, b)) and self.offers(*base, m)
-                        for b in self.outline(module)[name].bases))
-                if wrapper:
+                if any(self.is_capable(module, callee) for callee in callees) and (wrapper := self.wrapper(module, name)):
                     found.append(wrapper)
         return found
 
-    def carries_diff(self) -> bool:
-        return any(MARKER in text for text in self.texts.values())
+
+# -- static: the EAGLE code path
+
+_METHOD_LINE = re.compile(r"\n(?:    )?(?:async\s+)?def\s")  # a top-level function or a method
+_OUTER_LINE = re.compile(r"\n(?:    )?[^\s#)\]}]")  # a line at indentation 0 or 4
 
 
 def _functions_mentioning(text: str, words: tuple[str, ...]) -> list[ast.AST]:
@@ -436,16 +426,6 @@ def eagle_target_methods(tree: SourceTree) -> tuple[set[str], set[str]]:
     return called, probed
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return ".".join([node.id, *reversed(parts)])
-    return None
-
-
 def _target_model_uses(function: ast.AST) -> tuple[set[str], set[str]]:
     """Methods called on, and names probed with hasattr/getattr on, the target model in one function."""
     models, runners = {"target_model", "self.target_model"}, set()
@@ -476,130 +456,6 @@ def _target_model_uses(function: ast.AST) -> tuple[set[str], set[str]]:
     return called, probed
 
 
-def _insert_methods(text: str, insertions: list[tuple[int, str]]) -> str:
-    """``text`` with each block inserted after its (1-based) line number."""
-    lines = text.splitlines(keepends=True)
-    for line, block in sorted(insertions, reverse=True):
-        lines[line:line] = [block]
-    return "".join(lines)
-
-
-class DrafterDelegation(Patch):
-    id = PATCH_ID
-    summary = "EAGLE-3 drafters on wrapper target models (Kimi-K2.5 and more): forward the EAGLE-3 methods"
-    why = ("EAGLE-3 asks the target model to capture auxiliary hidden states and to share its embedding and LM "
-           "head. Multimodal wrappers (KimiK25ForConditionalGeneration holds DeepSeek-V3 as language_model) do not "
-           "forward those calls, so an EAGLE-3 drafter cannot run on them without a hand patch.")
-    upstream = ("sglang 0.5.10 added set_eagle3_layers_to_capture / get_embed_and_head / set_embed_and_head to "
-                "KimiK25ForConditionalGeneration; other wrappers still lack them")
-    remove_when = "no model class of the oldest supported release qualifies (verify-patches says upstream)"
-    releases = ">=0.5.8,<=0.5.23"
-    upstream_check = ("every class holding an EAGLE-3-capable language model that its forward uses already "
-                      "defines the delegated methods")
-    runtime_method = ("post-import hook on every sglang.srt.models.* module: inspects the classes it defines and "
-                      "adds the missing methods, each forwarding to the held language model (AttributeError naming "
-                      "the method and the inner class when it lacks it)")
-    static_method = ("text outline of srt/models plus ast of the candidate classes (same rule as at runtime); ast "
-                     "of the EAGLE workers for the methods they call on the target model")
-
-    targets_may_fail_to_import = True  # SGLang's model registry skips model modules that fail to import
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        """Every top-level module of the installed ``sglang.srt.models``: the folder's files name them before
-        any is imported."""
-        folder = installed_models_folder()
-        return tuple(f"{MODELS}.{p.stem}" for p in sorted(folder.glob("*.py"))) if folder else ()
-
-    def metadata(self) -> dict:
-        return super().metadata() | {"targets": [f"{MODELS}.* (every model module)"]}
-
-    # -- static
-
-    def check_source(self, tree: SourceTree) -> Result:
-        return self._assess(tree)[0]
-
-    def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        result, models, qualifying = self._assess(tree)
-        if result.status != APPLICABLE:
-            return {}
-        insertions: dict[str, list[tuple[int, str]]] = {}
-        for wrapper in qualifying:
-            node, offset = models.class_ast(wrapper.module.rsplit(".", 1)[-1], wrapper.name)
-            block = "".join("\n" + textwrap.indent(method_source(m, wrapper.attr), "    ") for m in wrapper.missing)
-            insertions.setdefault(wrapper.module, []).append((offset + node.end_lineno, block))
-        return {module: _insert_methods(tree.source(module), blocks) for module, blocks in insertions.items()}
-
-    def _assess(self, tree: SourceTree) -> tuple[Result, SourceModels | None, list[Wrapper]]:
-        """check_source's result, with the outlined models and the classes to patch."""
-        if not (tree.root / "sglang" / "srt" / "models").is_dir():
-            return Result(DRIFTED, "no sglang/srt/models folder"), None, []
-        models = SourceModels(tree)
-        if models.carries_diff():
-            return Result(APPLIED, "source carries the sglang-pcie diff"), models, []
-        problem = _worker_problem(*eagle_target_methods(tree))
-        if problem:
-            return Result(DRIFTED, problem), models, []
-        wrappers = models.wrappers()
-        if "kimi_k25" in models.texts and not any(w.name == KIMI_CLASS for w in wrappers):
-            return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
-                                   "forward uses (srt/models/kimi_k25.py)"), models, []
-        qualifying = [w for w in wrappers if w.missing]
-        if qualifying:
-            return Result(APPLICABLE, summarize(qualifying)), models, qualifying
-        if wrappers:
-            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
-                          + ", ".join(w.label for w in wrappers)), models, []
-        return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), models, []
-
-    # -- runtime
-
-    def apply(self, module: ModuleType) -> Result:
-        wrappers = runtime_wrappers(module)
-        if module.__name__ == KIMI_MODULE and not any(w.name == KIMI_CLASS for w in wrappers):
-            raise Drift(f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its forward uses")
-        qualifying = [w for w in wrappers if w.missing]
-        if not qualifying:
-            if any(_carries_diff(getattr(module, w.name)) for w in wrappers):
-                return Result(APPLIED, "source carries the sglang-pcie diff")
-            if wrappers:
-                return Result(UPSTREAM, "the EAGLE-3 methods are upstream on " + ", ".join(w.label for w in wrappers))
-            return Result(NOT_APPLICABLE, "no class here holds an EAGLE-3-capable language model")
-        # Build every method first, then install: nothing half-applied.
-        additions = []
-        for wrapper in qualifying:
-            cls = getattr(module, wrapper.name)
-            additions += [(cls, m, delegating_method(cls, wrapper.attr, m)) for m in wrapper.missing
-                          if not is_patched(vars(cls).get(m), self.id)]
-        for cls, method, function in additions:
-            setattr(cls, method, function)
-        return Result(APPLIED, summarize(qualifying))
-
-    def check_runtime(self, modules: Mapping[str, ModuleType]) -> Result:
-        in_effect, pending, upstream, from_diff = [], [], [], []
-        for name, module in sorted(modules.items()):
-            if not name.startswith(MODELS + "."):
-                continue
-            for wrapper in runtime_wrappers(module):
-                cls = getattr(module, wrapper.name)
-                if not wrapper.missing:
-                    (from_diff if _carries_diff(cls) else upstream).append(wrapper)
-                elif all(is_patched(vars(cls).get(m), self.id) for m in wrapper.missing):
-                    in_effect.append(wrapper)
-                else:
-                    pending.append(wrapper)
-        if pending:
-            return Result(ERROR, "not in effect on " + ", ".join(w.label for w in pending))
-        if in_effect:
-            return Result(APPLIED, summarize(in_effect))
-        if from_diff:
-            return Result(APPLIED, "source carries the sglang-pcie diff")
-        if upstream:
-            return Result(UPSTREAM, "every wrapper already forwards the EAGLE-3 methods: "
-                          + ", ".join(w.label for w in upstream))
-        return Result(NOT_APPLICABLE, "no imported model class holds an EAGLE-3-capable language model")
-
-
 def _worker_problem(called: set[str], probed: set[str]) -> str | None:
     """Why the EAGLE code path no longer fits the delegated methods, or None."""
     if not called & set(CAPABLE):
@@ -610,11 +466,183 @@ def _worker_problem(called: set[str], probed: set[str]) -> str | None:
     return None
 
 
-def installed_models_folder() -> Path | None:
-    """``sglang/srt/models`` of the sglang this interpreter imports (without importing it), or None."""
-    root = installed_sglang_root()
-    folder = root / "sglang" / "srt" / "models" if root else None
-    return folder if folder and folder.is_dir() else None
+# -- static: the model runner, and every name HELPER_SOURCE relies on
+
+def _runner_class(tree: SourceTree) -> ast.ClassDef | None:
+    module = tree.tree(MODEL_RUNNER)
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == RUNNER_CLASS), None) \
+        if module else None
+
+
+def _self_assigned(cls: ast.ClassDef) -> set[str]:
+    """Attributes some method of ``cls`` assigns (``self.x = ...``, ``self.x: T = ...``)."""
+    found = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        found.update(attr for t in targets for n in ast.walk(t) if (attr := _self_attr(n)))
+    return found
+
+
+def _class_defines(tree: SourceTree, module: str, cls_name: str, member: str, depth: int = 0) -> str | None:
+    """Where ``from module import cls_name`` leads to a class defining ``member``: None when it does, else what is
+    missing (followed through re-exports)."""
+    parsed = tree.tree(module)
+    if parsed is None or depth > 5:
+        return f"no module {module}"
+    for node in parsed.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body):
+                return None
+            return f"{module}.{cls_name}.{member} is missing"
+        if isinstance(node, ast.ImportFrom) and node.module and any(
+                (a.asname or a.name) == cls_name for a in node.names):
+            alias = next(a for a in node.names if (a.asname or a.name) == cls_name)
+            return _class_defines(tree, node.module, alias.name, member, depth + 1)
+    return f"{module} has no {cls_name}"
+
+
+def hook_problems(tree: SourceTree) -> list[str]:
+    """What the inserted wrapper would miss in this tree: each name it relies on, and the order it needs."""
+    module = tree.tree(MODEL_RUNNER)
+    if module is None:
+        return ["no sglang/srt/model_executor/model_runner.py (every covered release has it)"]
+    cls = _runner_class(tree)
+    if cls is None:
+        return [f"model_runner has no class {RUNNER_CLASS}"]
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    problems = []
+    if not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "logger" for t in n.targets)
+               for n in module.body if n.lineno < cls.lineno):
+        problems.append("model_runner defines no module-level logger before ModelRunner")
+    load_model = methods.get("load_model")
+    if load_model is None:
+        problems.append("ModelRunner.load_model is missing")
+    else:
+        asked = sorted(n.attr for n in ast.walk(load_model) if isinstance(n, ast.Attribute)
+                       and n.attr in DELEGATED_METHODS) + sorted(
+            n.id for n in ast.walk(load_model) if isinstance(n, ast.Name) and n.id == "configure_aux_hidden_state_capture")
+        if asked:  # the wrapper runs after load_model: too late for a call inside it
+            problems.append(f"ModelRunner.load_model itself uses {', '.join(asked)}")
+    if not any(isinstance(n, ast.Call) and ast.unparse(n.func) == "self.load_model"
+               for name, method in methods.items() if name != "load_model" for n in ast.walk(method)):
+        problems.append("ModelRunner never calls self.load_model()")
+    assigned = _self_assigned(cls)
+    problems += [f"ModelRunner never sets self.{a}" for a in ("model", "is_draft_worker", "spec_algorithm")
+                 if a not in assigned]
+    imported = next((node.module for node in module.body if isinstance(node, ast.ImportFrom) and node.module
+                     and any((a.asname or a.name) == "SpeculativeAlgorithm" for a in node.names)), None)
+    if imported is None:
+        problems.append("model_runner does not import SpeculativeAlgorithm")
+    elif missing := _class_defines(tree, imported, "SpeculativeAlgorithm", "is_eagle"):
+        problems.append(missing)
+    return problems
+
+
+def _insert_after_class(text: str, cls: ast.ClassDef) -> str:
+    lines = text.splitlines(keepends=True)
+    block = "\n\n" + HELPER_SOURCE + "\n\n" + INSTALL_LINE
+    lines[cls.end_lineno:cls.end_lineno] = [block]  # the blank lines that followed the class still follow
+    return "".join(lines)
+
+
+class DrafterDelegation(Patch):
+    id = PATCH_ID
+    summary = "EAGLE-3 drafters on wrapper target models (Kimi-K2.5 on 0.5.9 and more): forward the EAGLE-3 methods"
+    why = ("EAGLE-3 asks the target model to capture auxiliary hidden states and to share its embedding and LM "
+           "head. Multimodal wrappers (KimiK25ForConditionalGeneration holds DeepSeek-V3 as language_model) do not "
+           "forward those calls, so an EAGLE-3 drafter cannot run on them without a hand patch.")
+    upstream = ("sglang 0.5.10 added set_eagle3_layers_to_capture / get_embed_and_head / set_embed_and_head to "
+                "KimiK25ForConditionalGeneration; other wrappers still lack them")
+    remove_when = "no model class of the oldest supported release qualifies (verify-patches says upstream)"
+    releases = ">=0.5.8,<=0.5.23"
+    upstream_check = ("every class holding an EAGLE-3-capable language model that its forward uses already "
+                      "defines (or inherits) the methods EAGLE calls on the target")
+    runtime_method = ("post-import hook on model_runner wraps ModelRunner.load_model; only in an EAGLE run, once the "
+                      "target model is loaded, a class lacking the EAGLE methods that holds one language model "
+                      "having them, run whole by its forward, gains methods forwarding to it (logged at first use)")
+    static_method = ("ast of model_runner for every name the wrapper relies on; ast of the EAGLE workers for the "
+                     "methods they call on the target; text outline of srt/models plus ast of the candidate classes "
+                     "for the classes that would gain methods")
+    targets = (MODEL_RUNNER,)
+
+    # -- static
+
+    def check_source(self, tree: SourceTree) -> Result:
+        return self._assess(tree)[0]
+
+    def rewrite(self, tree: SourceTree) -> dict[str, str]:
+        if self.check_source(tree).status != APPLICABLE:
+            return {}
+        return {MODEL_RUNNER: _insert_after_class(tree.source(MODEL_RUNNER), _runner_class(tree))}
+
+    def _assess(self, tree: SourceTree) -> tuple[Result, list[Wrapper]]:
+        """check_source's result, with the classes that would gain methods."""
+        runner = tree.source(MODEL_RUNNER)
+        if runner is not None and MARKER in runner:
+            complete = HELPER_SOURCE in runner and INSTALL_LINE in runner
+            return (Result(APPLIED, "source carries the sglang-pcie diff") if complete else
+                    Result(DRIFTED, "model_runner carries part of the sglang-pcie diff")), []
+        problems = hook_problems(tree)
+        if not (tree.root / "sglang" / "srt" / "models").is_dir():
+            problems.append("no sglang/srt/models folder")
+        else:
+            problems += filter(None, [_worker_problem(*eagle_target_methods(tree))])
+        if problems:
+            return Result(DRIFTED, "; ".join(problems)), []
+        models = SourceModels(tree)
+        wrappers = models.wrappers()
+        kimi = next((w for w in wrappers if w.module == KIMI_MODULE and w.name == KIMI_CLASS), None)
+        if kimi is None and KIMI_CLASS in models.outline(KIMI_MODULE):
+            own, _ = models.class_ast(KIMI_MODULE, KIMI_CLASS)
+            names = {n.name for n in own.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            lacking = [m for m in CAPABLE if models.lacks(KIMI_MODULE, KIMI_CLASS, names, m)]
+            if lacking:  # the class this patch exists for would no longer be served
+                return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
+                                       f"forward runs, and lacks {', '.join(lacking)} (srt/models/kimi_k25.py)"), []
+        qualifying = [w for w in wrappers if w.missing]
+        if qualifying:
+            return Result(APPLICABLE, f"if served as the target of an EAGLE run, {len(qualifying)} class(es) gain "
+                                      "forwarding methods (nothing happens otherwise): "
+                          + summarize(qualifying)), qualifying
+        if wrappers:
+            return Result(UPSTREAM, "every wrapper already has the EAGLE-3 methods: "
+                          + ", ".join(w.label for w in wrappers)), []
+        return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), []
+
+    # -- runtime
+
+    def apply(self, module: ModuleType) -> Result:
+        if hasattr(module, HELPER_NAME):
+            return Result(APPLIED, "source carries the sglang-pcie diff")
+        runner = getattr(module, RUNNER_CLASS, None)
+        load_model = vars(runner).get("load_model") if isinstance(runner, type) else None
+        if not isinstance(load_model, FunctionType):
+            raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
+        if not isinstance(getattr(module, "logger", None), logging.Logger):
+            raise Drift(f"{module.__name__} has no module-level logger")
+        if not is_patched(load_model, self.id):
+            runner.load_model = mark(compile_helper(module)(load_model), self.id)
+        return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
+
+    def check_runtime(self, modules: Mapping[str, ModuleType]) -> Result:
+        module = modules.get(MODEL_RUNNER)
+        if module is None:
+            return Result(ERROR, f"{MODEL_RUNNER} did not import")
+        if hasattr(module, HELPER_NAME):
+            return Result(APPLIED, "source carries the sglang-pcie diff")
+        if is_patched(vars(getattr(module, RUNNER_CLASS, object)).get("load_model"), self.id):
+            return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
+        return Result(ERROR, "ModelRunner.load_model is not wrapped")
+
+
+def compile_helper(module: ModuleType) -> Callable:
+    """HELPER_SOURCE compiled against ``module``'s logger (its source is kept for tracebacks and inspect)."""
+    filename = f"<{PATCH_ID} {module.__name__}>"
+    linecache.cache[filename] = (len(HELPER_SOURCE), None, HELPER_SOURCE.splitlines(True), filename)
+    namespace = {"__name__": module.__name__, "logger": module.logger}
+    exec(compile(HELPER_SOURCE, filename, "exec"), namespace)
+    return namespace[HELPER_NAME]
 
 
 PATCH = DrafterDelegation()
