@@ -18,8 +18,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from overlay_venv import build_wheel, make_venv  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from overlay_venv import make_venv  # noqa: E402
+
+
+def build_wheel(out: Path) -> Path:
+    """This checkout as a wheel, installed as users install it."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+                   check=True)
+    return sorted(out.glob("sglang_pcie-*.whl"))[0]
 
 
 def wall_times(pythons: dict, runs: int) -> dict:
