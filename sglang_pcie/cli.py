@@ -88,22 +88,34 @@ def cmd_verify_patches(args) -> int:
 
 def cmd_apply_diffs(args) -> int:
     from sglang_pcie.base import SourceTree, installed_sglang_root
-    from sglang_pcie.diffs import DiffError, apply_diffs, diffs_for
+    from sglang_pcie.diffs import ALREADY, DiffError, apply_release_diffs
 
     root = Path(args.target) if args.target else installed_sglang_root()
     if root is None:
         return _fail("no sglang installed here; use --target DIR (the folder holding the sglang package)")
     try:
         tree = SourceTree(root)
-        diffs = diffs_for(tree.version)
-        apply_diffs(tree.root, diffs, reverse=args.reverse, dry_run=args.dry_run)
+        run = apply_release_diffs(tree, reverse=args.reverse, dry_run=args.dry_run)
     except (ValueError, DiffError) as exc:
         return _fail(str(exc))
-    verb = "would " if args.dry_run else ""
-    action = "remove" if args.reverse else "apply"
-    past = {"apply": "applied", "remove": "removed"}[action]
-    print(f"{verb + action if args.dry_run else past} {len(diffs)} diff(s) for sglang {tree.version}"
-          f" in {tree.root}: {', '.join(d.stem for d in diffs)}")
+    where = f"sglang {run.version} in {run.root}"
+    if run.refused:  # one line per refusing patch, naming its status; nothing was written
+        for step in run.refused:
+            print(f"sglang-pcie: refused: {step.line()}", file=sys.stderr)
+        print(f"sglang-pcie: apply-diffs changed nothing in {run.root}", file=sys.stderr)
+        return 1
+    changing = run.changing
+    if changing:
+        verb = ("would remove" if run.dry_run else "removed") if run.reverse else (
+            "would apply" if run.dry_run else "applied")
+        print(f"{verb} {len(changing)} diff(s) for {where}: {', '.join(s.patch_id for s in changing)}")
+    elif any(step.action == ALREADY for step in run.steps):
+        print(f"already applied: {where} carries every diff it needs")
+    else:
+        print(f"nothing to {'remove' if run.reverse else 'apply'} for {where}")
+    for step in run.steps:
+        if step not in changing:
+            print(f"  {step.line()}")
     return 0
 
 

@@ -6,16 +6,52 @@ import os
 import subprocess
 import sys
 
-from sglang_pcie.base import DISABLED, ERROR, FAILING_STATUSES, Patch, Result, SourceTree
+from sglang_pcie.base import DISABLED, ERROR, FAILING_STATUSES, NOT_APPLICABLE, Patch, Result, SourceTree
 from sglang_pcie.registry import all_patches
 
 
+def release_bounds(patch: Patch) -> tuple[str, str]:
+    """The first and last release a patch covers, from its ``releases`` specifier (``>=0.5.8,<=0.5.23``)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    specifiers = SpecifierSet(patch.releases)
+    lows = [s.version for s in specifiers if s.operator in (">=", "==")]
+    highs = [s.version for s in specifiers if s.operator in ("<=", "==")]
+    if not lows or not highs:
+        raise ValueError(f"{patch.id}: releases {patch.releases!r} does not name its first and last release")
+    return max(lows, key=Version), min(highs, key=Version)
+
+
 def check_source(patch: Patch, tree: SourceTree) -> Result:
-    """The patch's static check; a checker bug is reported as an ``error`` result, never raised."""
+    """The patch's static check within its release range; a checker bug is an ``error`` result, never raised.
+
+    Older than the first covered release: ``not-applicable`` naming the range (the patch was never written for
+    it). Newer than the last: the source check decides, and the detail says tests do not cover that release yet.
+    """
+    from packaging.version import InvalidVersion, Version
+
     try:
-        return patch.check_source(tree)
+        first, last = release_bounds(patch)
+        version = Version(tree.version)
+    except InvalidVersion:
+        version = None
+    except ValueError as exc:
+        return Result(ERROR, str(exc))
+    if version is not None and version < Version(first):
+        return Result(NOT_APPLICABLE, f"sglang {tree.version} is older than the releases this patch covers "
+                                      f"({first} to {last})")
+    try:
+        result = patch.check_source(tree)
     except Exception as exc:
-        return Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+        result = Result(ERROR, f"static check failed: {type(exc).__name__}: {exc}")
+    if version is None:
+        return Result(result.status, f"{result.detail}; sglang version {tree.version!r} unknown: release range "
+                                     f"{first} to {last} not checked")
+    if version > Version(last):
+        return Result(result.status, f"{result.detail}; sglang {tree.version} is newer than {last}, the last "
+                                     "release covered by tests")
+    return result
 
 
 def static_results(tree: SourceTree, settings) -> list[tuple[Patch, Result]]:

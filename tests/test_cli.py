@@ -2,8 +2,8 @@
 nothing), env and the metadata listing."""
 from __future__ import annotations
 
-import filecmp
 import json
+import os
 import shutil
 
 import pytest
@@ -19,6 +19,7 @@ PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch, tmp_path):
     for name in ("SGLANG_PCIE_NCCL_PROFILE", "SGLANG_PCIE_DISABLE_PATCHES", "EAGLE3_PROFILE", "SGLANG_PCIE_STRICT",
+                 "SGLANG_PCIE_SM120_FUSION",
                  "SGLANG_PCIE_NCCL_DECIDED"):
         monkeypatch.delenv(name, raising=False)
     # No tuned file: the default path in an empty folder (a named file that is missing is a bad setting).
@@ -34,18 +35,35 @@ def run_cli(capsys, *argv):
 
 @pytest.fixture
 def copy_of(pristine_source, tmp_path):
-    """A writable copy of the files the diffs of ``version`` touch (plus the package marker)."""
+    """A writable copy of the whole release (hard links: cheap; a file is only ever replaced, never written in
+    place), and the files the diffs of ``version`` touch."""
     def make(version):
         source = pristine_source(version)
         target = tmp_path / version
-        files = {"sglang/__init__.py", "sglang/_version.py", "sglang/version.py"}
-        files.update(rel for diff in diffs_for(version) for rel in touched_files(diff))
-        for rel in files:
-            if (source / rel).is_file():
-                (target / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source / rel, target / rel)
-        return source, target, sorted(files)
+        try:
+            shutil.copytree(source, target, copy_function=os.link)
+        except OSError:  # the cache is on another file system
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(source, target)
+        files = sorted({rel for diff in diffs_for(version) for rel in touched_files(diff)})
+        return source, target, files
     return make
+
+
+def replace_text(path, old, new):
+    """Replace a file of a hard-linked copy by an edited one (never writing through the link)."""
+    text = path.read_text()
+    assert old in text
+    path.unlink()
+    path.write_text(text.replace(old, new))
+
+
+def snapshot(root, version):
+    """Every file (with its bytes) in the folders apply-diffs may write to (those of the files its diffs touch):
+    what "nothing changed" and "restored byte for byte" compare, stray files included."""
+    folders = {(root / rel).parent for diff in diffs_for(version) for rel in touched_files(diff)}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for folder in folders for p in sorted(folder.iterdir())
+            if p.is_file()}
 
 
 def test_registry_ids_are_the_issue_ids():
@@ -86,7 +104,11 @@ def test_user_disabled_patch_is_reported_disabled(capsys, pristine_source, monke
     _, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")), "--json")
     rows = {row["id"]: row for row in json.loads(out)["patches"]}
     assert rows["drafter-delegation"]["status"] == "disabled"
-    assert rows["sm120-allreduce-fusion"]["status"] == "applicable"
+    assert rows["drafter-delegation"]["detail"].startswith("listed in SGLANG_PCIE_DISABLE_PATCHES")
+    # sm120-allreduce-fusion is opt-in: disabled until SGLANG_PCIE_SM120_FUSION=1, its fit still checked.
+    assert rows["sm120-allreduce-fusion"] == {"id": "sm120-allreduce-fusion", "status": "disabled",
+                                              "detail": "opt-in: set SGLANG_PCIE_SM120_FUSION=1 (source check: "
+                                                        "applicable)"}
 
 
 @pytest.mark.parametrize("name, value", [("SGLANG_PCIE_NCCL_PROFILE", "fastest"), ("EAGLE3_PROFILE", "yes please")])
@@ -114,42 +136,88 @@ def test_both_sources_is_a_usage_error(capsys):
 
 def test_drift_exits_1(capsys, copy_of):
     _, target, _ = copy_of("0.5.9")
-    gate = target / "sglang/srt/layers/communicator.py"
-    gate.write_text(gate.read_text().replace("def apply_flashinfer_allreduce_fusion(", "def fusion_gate("))
+    replace_text(target / "sglang/srt/layers/communicator.py", "def apply_flashinfer_allreduce_fusion(",
+                 "def fusion_gate(")
     code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(target), "--json")
     rows = {row["id"]: row["status"] for row in json.loads(out)["patches"]}
     assert code == 1 and rows["sm120-allreduce-fusion"] == "drifted"
 
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
-def test_apply_diffs_dry_run_apply_reverse(capsys, copy_of, version):
+def test_apply_diffs_dry_run_apply_again_reverse(capsys, copy_of, version):
     source, target, files = copy_of(version)
+    pristine = snapshot(target, version)
+
+    # Removing diffs a tree does not carry: refused, one line per patch naming its status, exit 1.
+    for dry_run in (["--dry-run"], []):
+        code, out, err = run_cli(capsys, "apply-diffs", "--target", str(target), "--reverse", *dry_run)
+        assert code == 1 and out == "", err
+        lines = err.strip().splitlines()
+        assert [line.split()[2] for line in lines[:-1]] == PATCH_IDS
+        assert all(" is applicable: " in line for line in lines[:-1]) and "changed nothing" in lines[-1]
+        assert snapshot(target, version) == pristine
+
     code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--dry-run")
-    assert code == 0 and out.startswith("would apply 3 diff(s)")
-    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in files)
+    assert code == 0 and out.startswith(f"would apply 3 diff(s) for sglang {version}")
+    assert snapshot(target, version) == pristine
 
     code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target))
-    assert code == 0 and out.startswith("applied 3 diff(s)")
-    changed = [rel for rel in files if not filecmp.cmp(source / rel, target / rel, shallow=False)]
-    assert changed and all("sglang-pcie:" in (target / rel).read_text() for rel in changed)
+    assert code == 0 and out.startswith(f"applied 3 diff(s) for sglang {version}")
+    applied = snapshot(target, version)
+    changed = sorted(rel for rel in applied if applied[rel] != pristine.get(rel))
+    assert changed == files and set(applied) == set(pristine)  # no stray staging file left behind
+    assert all(b"sglang-pcie:" in applied[rel] for rel in changed)
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(target), "--json")
+    assert {row["status"] for row in json.loads(out)["patches"]} <= {"applied", "disabled"}
 
-    code, _, err = run_cli(capsys, "apply-diffs", "--target", str(target))  # twice: refused, nothing changes
-    assert code == 2 and "does not apply cleanly" in err
+    for dry_run in (["--dry-run"], []):  # a second run: already applied, exit 0, nothing changes
+        code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), *dry_run)
+        assert code == 0 and out.startswith(f"already applied: sglang {version} in {target}"), out
+        assert snapshot(target, version) == applied
 
+    code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--reverse", "--dry-run")
+    assert code == 0 and out.startswith("would remove 3 diff(s)") and snapshot(target, version) == applied
     code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--reverse")
     assert code == 0 and out.startswith("removed 3 diff(s)")
-    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in files)
+    assert snapshot(target, version) == pristine  # byte for byte
 
 
-def test_apply_diffs_is_all_or_nothing(capsys, copy_of):
-    source, target, files = copy_of("0.5.9")
-    # The last diff (sm120-allreduce-fusion, in name order) can no longer apply: the earlier ones must not either.
-    gate = target / "sglang/srt/layers/communicator.py"
-    gate.write_text(gate.read_text().replace("(_is_sm90_supported or _is_sm100_supported)", "(_is_sm90_supported)"))
-    code, _, err = run_cli(capsys, "apply-diffs", "--target", str(target))
-    assert code == 2 and "sm120-allreduce-fusion.diff does not apply cleanly" in err and "nothing changed" in err
-    untouched = [rel for rel in files if rel != "sglang/srt/layers/communicator.py"]
-    assert all(filecmp.cmp(source / rel, target / rel, shallow=False) for rel in untouched)
+def test_apply_diffs_refuses_where_verify_says_drifted(capsys, copy_of):
+    version = "0.5.9"
+    source, target, files = copy_of(version)
+    replace_text(target / "sglang/srt/layers/communicator.py", "(_is_sm90_supported or _is_sm100_supported)",
+                 "(_is_sm90_supported)")
+    before = snapshot(target, version)
+    outputs = []
+    for dry_run in (["--dry-run"], []):  # the dry run answers exactly what the real run does
+        code, out, err = run_cli(capsys, "apply-diffs", "--target", str(target), *dry_run)
+        assert code == 1 and out == ""
+        outputs.append(err)
+        assert snapshot(target, version) == before
+    assert outputs[0] == outputs[1]
+    lines = outputs[0].strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("sglang-pcie: refused: sm120-allreduce-fusion is drifted: ")
+
+
+def test_apply_diffs_applies_only_the_change_the_check_approves(copy_of, tmp_path):
+    """A diff that applies cleanly but is not what rewrite() makes of this tree (here: a doctored copy of the
+    committed one) is refused, and nothing is written."""
+    from sglang_pcie.base import SourceTree
+    from sglang_pcie.diffs import REFUSE, apply_release_diffs
+
+    version = "0.5.9"
+    _, target, _ = copy_of(version)
+    before = snapshot(target, version)
+    doctored = tmp_path / "diffs" / "0.5.9"
+    shutil.copytree(diffs_for("0.5.9")[0].parent, doctored)
+    eagle = doctored / "eagle3-profile.diff"
+    eagle.write_text(eagle.read_text().replace('@_sglang_pcie_profile_phase("draft")',
+                                               '@_sglang_pcie_profile_phase("verify")'))
+    run = apply_release_diffs(SourceTree(target), diffs_dir=doctored.parent)
+    assert [s.patch_id for s in run.refused] == ["eagle3-profile"]
+    assert "does not make the change this tree needs" in run.refused[0].why
+    assert all(s.action != REFUSE for s in run.steps if s.patch_id != "eagle3-profile")
+    assert snapshot(target, version) == before
 
 
 def test_apply_diffs_for_a_release_without_diffs(capsys, tmp_path):

@@ -17,7 +17,7 @@ from types import FunctionType, SimpleNamespace
 
 import pytest
 
-from sglang_pcie.base import APPLICABLE, APPLIED, DRIFTED, UPSTREAM, Drift, SourceTree
+from sglang_pcie.base import APPLICABLE, APPLIED, DISABLED, DRIFTED, UPSTREAM, Drift, SourceTree
 from sglang_pcie.diffgen import diff_for
 from sglang_pcie.patches import sm120_allreduce_fusion as sm120
 from sglang_pcie.patches.sm120_allreduce_fusion import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, HELPER_BLOCK, PATCH,
@@ -111,18 +111,24 @@ def assert_gate_truth_table(pristine_code, patched_code):
             assert not any(pristine.values())  # what the patch is for
 
 
-def resolver_inputs(version, gpu, sm120_ready):
+# The states of an SM120 machine the patched resolver tells apart: not opted in (SGLang's own behaviour), opted in
+# with a condition missing (off, not failing), opted in and able to run.
+SM120_STATES = ("not-opted-in", "opted-in-unable", "ready")
+
+
+def resolver_inputs(version, gpu, state):
     def helper():
         assert gpu not in ("sm90", "sm100"), "the SM120 helper ran on SM90/SM100"
-        return gpu == "sm120" and sm120_ready
+        return gpu == "sm120" and state == "ready"
 
     platform = SimpleNamespace(is_sm90=gpu == "sm90", is_sm100=gpu == "sm100")
     return {"is_sm90_supported": lambda: gpu == "sm90", "is_sm100_supported": lambda: gpu == "sm100",
-            "get_platform": lambda: platform, HELPER: helper, sm120.IS_SM120: lambda: gpu == "sm120"}
+            "get_platform": lambda: platform, HELPER: helper, sm120.IS_SM120: lambda: gpu == "sm120",
+            sm120.OPTED_IN: lambda: state != "not-opted-in"}
 
 
-def resolver_table(codes, version, gpu, sm120_ready=False):
-    resolve = bind(codes, resolver_inputs(version, gpu, sm120_ready))[RESOLVER]
+def resolver_table(codes, version, gpu, state="not-opted-in"):
+    resolve = bind(codes, resolver_inputs(version, gpu, state))[RESOLVER]
     table = {}
     for backend, multi_node in itertools.product(["auto", "trtllm", "mnnvl", "cutedsl"], [False, True]):
         try:
@@ -137,11 +143,12 @@ def assert_resolver_truth_table(version, pristine_codes, patched_codes):
     pristine_sm90 = resolver_table(pristine_codes, version, "sm90")
     for gpu in GPUS:
         pristine = resolver_table(pristine_codes, version, gpu)
-        for ready in (False, True):
-            patched = resolver_table(patched_codes, version, gpu, ready)
-            if gpu != "sm120":
-                assert patched == pristine, gpu
+        for state in SM120_STATES:
+            patched = resolver_table(patched_codes, version, gpu, state)
+            if gpu != "sm120" or state == "not-opted-in":  # SGLang's own answers and errors, word for word
+                assert patched == pristine, (gpu, state)
                 continue
+            ready = state == "ready"
             for case, outcome in patched.items():
                 if case in sm120_runs:
                     assert outcome == ("returns", "trtllm" if ready else None), case
@@ -317,10 +324,13 @@ def fusion_switch_sites(source: str) -> list[str]:
 def test_opt_in_reads_the_variable_as_settings_does(value, monkeypatch):
     """The inserted helper parses SGLANG_PCIE_SM120_FUSION itself (the diffs must work without sglang-pcie)."""
     namespace = {}
-    exec(HELPER_BLOCK.replace("__ENTRY_POINTS__", "()"), namespace)
-    namespace["_sglang_pcie_flashinfer_missing"] = namespace["_sglang_pcie_peer_access_missing"] = lambda: []
+    exec(helper_block(), namespace)
     monkeypatch.setenv("SGLANG_PCIE_SM120_FUSION", value)
-    assert namespace["_sglang_pcie_sm120_can_fuse"]() == load_settings({"SGLANG_PCIE_SM120_FUSION": value}).sm120_fusion
+    assert namespace[sm120.OPTED_IN]() == load_settings({"SGLANG_PCIE_SM120_FUSION": value}).sm120_fusion
+
+
+def helper_block() -> str:
+    return HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace("__IS_SM120__", sm120.IS_SM120_BY_PROBE)
 
 
 @pytest.mark.parametrize("version, majors", [("0.5.9", [9, 10]), ("0.5.23", [9, 10, 12])])
@@ -328,7 +338,7 @@ def test_flashinfer_sm12x_kernels_are_read_from_its_build_spec(sglang_env, versi
     """The FlashInfer pinned by 0.5.9 (0.6.3) builds its TRT-LLM all-reduce for SM9x/SM10x only; the one of 0.5.23
     (0.7.2) also for SM12x, which FlashInfer PR #3903 added."""
     namespace = {}
-    exec(HELPER_BLOCK.replace("__ENTRY_POINTS__", "()"), namespace)
+    exec(helper_block(), namespace)
     site = subprocess.run([str(sglang_env(version).python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
     build_spec = Path(site) / "flashinfer" / "jit" / "comm.py"
@@ -337,10 +347,18 @@ def test_flashinfer_sm12x_kernels_are_read_from_its_build_spec(sglang_env, versi
 
 # -- static: what the check reports on changed sources
 
+# What the check reads besides the gate module and flashinfer_comm_fusion: the version, and where the SM120 probe
+# the inserted helper calls is defined.
+READ_BY_THE_CHECK = ["sglang", "sglang.version", "sglang._version", sm120.RUNTIME_CONTEXT, sm120.UTILS,
+                     sm120.UTILS_COMMON]
+
+
 def copy_release(version: str, tmp_path: Path, modules: list[str]) -> SourceTree:
     pristine = SourceTree(fetch_source(version))
-    for module in modules + ["sglang"]:
+    for module in modules + READ_BY_THE_CHECK:
         path = pristine.path(module)
+        if path is None:
+            continue
         target = tmp_path / path.relative_to(pristine.root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, target)
@@ -357,16 +375,23 @@ def edit(tree: SourceTree, module: str, old: str, new: str):
 @pytest.mark.parametrize("version, module, old, new, status, reason", [
     ("0.5.9", COMMUNICATOR, "def apply_flashinfer_allreduce_fusion(", "def fusion_applies(", DRIFTED, "no fusion gate"),
     ("0.5.9", COMMUNICATOR, "(_is_sm90_supported or _is_sm100_supported)\n", "_is_sm90_supported\n", DRIFTED,
-     "does not return"),
+     "does not test `<sm90> or <sm100>` once"),
     ("0.5.9", COMMUNICATOR, "(_is_sm90_supported or _is_sm100_supported)\n",
-     "(_is_sm90_supported or _is_hopper)\n", DRIFTED, "checks _is_sm90_supported or _is_hopper"),
-    # The hand fix this project started from: one sed adding SM120 to the gate.
+     "(_is_sm90_supported or _is_hopper)\n", DRIFTED, "its `or` tests: _is_sm90_supported or _is_hopper"),
+    # The hand fix this project started from: one sed adding SM120 to the gate (0.5.9 has no other part).
     ("0.5.9", COMMUNICATOR, "(_is_sm90_supported or _is_sm100_supported)\n",
-     "(_is_sm90_supported or _is_sm100_supported or is_sm120_supported())\n", UPSTREAM, "already admits"),
+     "(_is_sm90_supported or _is_sm100_supported or is_sm120_supported())\n", UPSTREAM, "already admitted"),
+    # The same in another operand order.
+    ("0.5.9", COMMUNICATOR, "(_is_sm90_supported or _is_sm100_supported)\n",
+     "(is_sm120_supported() or _is_sm90_supported or _is_sm100_supported)\n", UPSTREAM, "already admitted"),
+    # Only the gate opened upstream: the resolver still refuses SM120, so the patch still has work there.
+    ("0.5.23", ADD_NORM, "(_is_sm90_supported or _is_sm100_supported)\n",
+     "(_is_sm120_supported or _is_sm90_supported or _is_sm100_supported)\n", APPLICABLE,
+     "patches _resolve_backend, _flashinfer_trtllm_workspace_allocation_sizes; helper in flashinfer_comm_fusion"),
     ("0.5.23", FUSION, "    if not (get_platform().is_sm90 or get_platform().is_sm100):\n",
-     "    if not get_platform().is_sm90:\n", DRIFTED, "has no `if not (<sm90> or <sm100>)"),
+     "    if not get_platform().is_sm90:\n", DRIFTED, "has no `if not (<sm90> or <sm100>): raise`"),
     ("0.5.23", FUSION, "def _resolve_backend(backend: str, is_multi_node: bool = False)",
-     "def _resolve_backend(requested: str, is_multi_node: bool = False)", DRIFTED, "does not take"),
+     "def _resolve_backend(requested: str, is_multi_node: bool = False)", DRIFTED, "does not take backend"),
     ("0.5.23", FUSION, "        allocation_size = ceil_align(allocation_size, mc_granularity)\n", "", DRIFTED,
      "no loop rounding"),
     ("0.5.23", ADD_NORM, "def flashinfer_ar_fusion_applies(", "def fusion_applies(", DRIFTED, "no fusion gate"),
@@ -379,8 +404,10 @@ def test_changed_shapes_are_reported(version, module, old, new, status, reason, 
     if status == DRIFTED:
         with pytest.raises(Drift):
             PATCH.rewrite(tree)
-    else:
+    elif status == UPSTREAM:
         assert PATCH.rewrite(tree) == {}
+    else:  # the part upstream already opened is left as it is
+        assert sorted(PATCH.rewrite(tree)) == [FUSION]
 
 
 def test_verify_patches_exits_1_on_a_drifted_gate(tmp_path):
@@ -568,7 +595,9 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
     expected = RUNTIME_EXPECTED[version]
     code = RUNTIME.replace("CALLERS", repr(expected["callers"]))
     diff = REPO / "patches" / version / f"{PATCH.id}.diff"
-    report = sglang_env(version).run_json(code, env={"SM120_TEST_DIFF": str(diff)})
+    # Opted in at import, so the patch is registered; the scenarios then set or clear the variable as the
+    # inserted helper reads it when it decides.
+    report = sglang_env(version).run_json(code, env={"SM120_TEST_DIFF": str(diff), "SGLANG_PCIE_SM120_FUSION": "1"})
 
     assert report["gate"] == expected["gate"] and report["helper_host"] == expected["helper_host"]
     assert report["gate_patched"] and report["check_runtime"] == APPLIED
@@ -580,11 +609,9 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
     ready = report["sm120_ready"]
     assert ready["gate"] == [True, True, True] and ready["log"] == []
     assert report["decided_once"] == [True, True, True, 2]
-    # Without the opt-in: off, one info line naming the variable.
+    # Without the opt-in (a baked diff, the variable unset): off, and nothing logged, as SGLang itself.
     no_opt_in = report["sm120_no_opt_in"]
-    assert no_opt_in["gate"] == [False] * 3
-    assert no_opt_in["log"] == [["INFO", "sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: "
-                                         "SGLANG_PCIE_SM120_FUSION=1 is not set"]]
+    assert no_opt_in["gate"] == [False] * 3 and no_opt_in["log"] == []
     # Without peer access: off, one warning naming it.
     no_peer = report["sm120_no_peer_access"]
     assert no_peer["gate"] == [False] * 3 and len(no_peer["log"]) == 1
@@ -601,7 +628,8 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
         assert real["gate"] == [True] * 3 and real["log"] == []
 
     if expected["resolver"]:  # auto resolves to the single-node backend on SM120, or stays off without opt-in
-        assert ready["resolver_auto"] == "trtllm" and no_opt_in["resolver_auto"] is None
+        assert ready["resolver_auto"] == "trtllm"
+        assert no_opt_in["resolver_auto"] == "ValueError: " + SGLANG_RESOLVER_ERROR  # SGLang's own, word for word
         assert no_peer["resolver_auto"] is None
 
     table = report["truth_table"]
@@ -609,12 +637,15 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
     assert table["equal_off_sm120"] and table["sm120_as_sm90"] and table["pristine_sm120_never"]
 
 
+SGLANG_RESOLVER_ERROR = "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."
+
 DISABLED_RUN = r'''
 import importlib, json
 from pathlib import Path
 import sglang
+from sglang_pcie import activate
 from sglang_pcie.patches import sm120_allreduce_fusion as sm120
-state = {}
+state = {"switched_off": activate.SWITCHED_OFF.get(sm120.PATCH_ID)}
 for module_name, gate_name in sm120.GATE_LOCATIONS:
     try:
         module = importlib.import_module(module_name)
@@ -623,16 +654,48 @@ for module_name, gate_name in sm120.GATE_LOCATIONS:
     if hasattr(module, gate_name):
         gate = getattr(module, gate_name)
         compiled = compile(Path(module.__file__).read_text(), module.__file__, "exec")
-        state = {"own_code": gate.__code__ == sm120._code_of(compiled, gate_name),
-                 "helper": hasattr(module, sm120.HELPER),
-                 "marked": hasattr(gate, "__sglang_pcie_patch__")}
+        state.update({"own_code": gate.__code__ == sm120._code_of(compiled, gate_name),
+                      "helper": hasattr(module, sm120.HELPER),
+                      "marked": hasattr(gate, "__sglang_pcie_patch__")})
         break
+fusion = importlib.import_module(sm120.FUSION)
+compiled = compile(Path(fusion.__file__).read_text(), fusion.__file__, "exec")
+state["resolver_own_code"] = fusion._resolve_backend.__code__ == sm120._code_of(compiled, "_resolve_backend")
+from sglang.srt.runtime_context import override_platform
+with override_platform(is_sm90=False, is_sm100=False, is_sm120=True):  # an SM120 machine
+    try:
+        fusion._resolve_backend("auto", False)
+        state["resolver_on_sm120"] = "returned"
+    except ValueError as exc:
+        state["resolver_on_sm120"] = str(exc)
 print(json.dumps(state))
 '''
 
 
-@pytest.mark.parametrize("variable", ["SGLANG_PCIE_DISABLE", "SGLANG_PCIE_DISABLE_PATCHES"])
-def test_switched_off_leaves_the_release_gate_as_shipped(sglang_env, variable):
-    value = "1" if variable == "SGLANG_PCIE_DISABLE" else PATCH.id
-    state = sglang_env("0.5.23").run_json(DISABLED_RUN, env={variable: value})
-    assert state == {"own_code": True, "helper": False, "marked": False}
+@pytest.mark.parametrize("env, reason", [
+    ({}, sm120.OPT_IN_REASON),  # nothing opted in: not even registered
+    ({"SGLANG_PCIE_SM120_FUSION": "0"}, sm120.OPT_IN_REASON),
+    ({"SGLANG_PCIE_SM120_FUSION": "1", "SGLANG_PCIE_DISABLE_PATCHES": PATCH.id},
+     "listed in SGLANG_PCIE_DISABLE_PATCHES"),
+    ({"SGLANG_PCIE_SM120_FUSION": "1", "SGLANG_PCIE_DISABLE": "1"}, None),  # the overlay never activates
+], ids=["unset", "zero", "disable-patches", "disable"])
+def test_switched_off_leaves_sglang_as_shipped(sglang_env, env, reason):
+    """Without the opt-in (or switched off) SGLang's gate and resolver are its own code, and its resolver still
+    refuses SM120 with its own words."""
+    state = sglang_env("0.5.23").run_json(DISABLED_RUN, env=env)
+    assert state == {"switched_off": reason, "own_code": True, "helper": False, "marked": False,
+                     "resolver_own_code": True, "resolver_on_sm120": SGLANG_RESOLVER_ERROR}
+
+
+def test_verify_patches_shows_the_opt_in(capsys, monkeypatch):
+    from sglang_pcie.cli import main
+
+    monkeypatch.delenv("SGLANG_PCIE_SM120_FUSION", raising=False)
+    monkeypatch.delenv("SGLANG_PCIE_DISABLE_PATCHES", raising=False)
+    main(["verify-patches", "--sglang-source", str(fetch_source("0.5.23")), "--json"])
+    row = next(r for r in json.loads(capsys.readouterr().out)["patches"] if r["id"] == PATCH.id)
+    assert row["status"] == DISABLED and row["detail"].startswith(sm120.OPT_IN_REASON + " (source check: applicable")
+    monkeypatch.setenv("SGLANG_PCIE_SM120_FUSION", "1")
+    main(["verify-patches", "--sglang-source", str(fetch_source("0.5.23")), "--json"])
+    row = next(r for r in json.loads(capsys.readouterr().out)["patches"] if r["id"] == PATCH.id)
+    assert row["status"] == APPLICABLE

@@ -26,6 +26,7 @@ import ast
 import functools
 import inspect
 import linecache
+import re
 import sys
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType
@@ -47,36 +48,57 @@ GATE_LOCATIONS = (
     (ADD_NORM, "apply_flashinfer_allreduce_fusion"),  # 0.5.21
     (ADD_NORM, "flashinfer_ar_fusion_applies"),  # 0.5.22+
 )
-GATE_CAPABILITY = ("_is_sm90_supported", "_is_sm100_supported")
-RESOLVER = "_resolve_backend"
-RESOLVER_CAPABILITY = {("is_sm90_supported()", "is_sm100_supported()"),  # 0.5.14-0.5.18
-                       ("get_platform().is_sm90", "get_platform().is_sm100")}  # 0.5.19+
+RESOLVER = "_resolve_backend"  # where every covered release from 0.5.14 refuses anything but SM90/SM10x
 PREFLIGHT_SIZES = "_flashinfer_trtllm_workspace_allocation_sizes"
 HELPER = "_sglang_pcie_sm120_fusion_ok"
 IS_SM120 = "_sglang_pcie_is_sm120"
+OPTED_IN = "_sglang_pcie_sm120_opted_in"
+OPT_IN_REASON = "opt-in: set SGLANG_PCIE_SM120_FUSION=1"
+# Parts that every covered release from this one on has; a source of such a release lacking one is drifted.
+RESOLVER_SINCE = "0.5.14"
+PREFLIGHT_SINCE = "0.5.11"
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+UTILS = "sglang.srt.utils"
+UTILS_COMMON = "sglang.srt.utils.common"
+SM120_FACT = "is_sm120"  # get_platform().is_sm120, from 0.5.19
+SM120_PROBE = "is_sm120_supported"  # sglang.srt.utils, every covered release
+
+# How the inserted helper asks whether the GPU is SM12x: written for the release at hand, through the name its
+# check found there (the platform object from 0.5.19, SGLang's probe before), so that no fallback hides a rename.
+IS_SM120_BY_PLATFORM = f"""\
+    from {RUNTIME_CONTEXT} import get_platform
+
+    return bool(get_platform().{SM120_FACT})
+"""
+IS_SM120_BY_PROBE = f"""\
+    from {UTILS} import {SM120_PROBE}
+
+    return bool({SM120_PROBE}())
+"""
 
 # Inserted into the release, self-contained (the diffs must work without sglang-pcie installed).
-# __ENTRY_POINTS__ becomes what the release's flashinfer_comm_fusion.py calls on flashinfer.comm.
+# __ENTRY_POINTS__ becomes what the release's flashinfer_comm_fusion.py calls on flashinfer.comm, __IS_SM120__ one
+# of the two bodies above.
 HELPER_BLOCK = '''\
 # sglang-pcie: sm120-allreduce-fusion (begin).
 # SM120 (RTX PRO 6000 Blackwell) joins SM90/SM100 in FlashInfer's all-reduce fusion only when the user opted
 # in (SGLang's own fusion option and SGLANG_PCIE_SM120_FUSION=1) and the fused kernel can run: peer-to-peer
 # access between the GPUs, and a FlashInfer with SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR
-# #3903) and the entry points this release calls. Decided once per process and the same way on every TP
-# rank (all of them see the same GPUs): a rank that alone fell back to NCCL would hang its peers.
+# #3903) and the entry points this release calls. Without SGLANG_PCIE_SM120_FUSION=1 nothing here changes
+# what SGLang does or logs. Decided once per process and the same way on every TP rank (all of them see the
+# same GPUs): a rank that alone fell back to NCCL would hang its peers.
 _SGLANG_PCIE_FLASHINFER_ENTRY_POINTS = __ENTRY_POINTS__
 _sglang_pcie_sm120_fusion = None  # the decision, once made
 
 
+def _sglang_pcie_sm120_opted_in():
+    import os
+
+    return os.environ.get("SGLANG_PCIE_SM120_FUSION", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _sglang_pcie_is_sm120():
-    try:
-        from sglang.srt.runtime_context import get_platform
-    except ImportError:  # releases before 0.5.19
-        from sglang.srt.utils import is_sm120_supported
-
-        return bool(is_sm120_supported())
-    return bool(get_platform().is_sm120)
-
+__IS_SM120__
 
 def _sglang_pcie_sm120_fusion_ok():
     global _sglang_pcie_sm120_fusion
@@ -85,23 +107,20 @@ def _sglang_pcie_sm120_fusion_ok():
 
         if torch.compiler.is_compiling():
             return False  # decided in eager code only, never while Dynamo traces the gate
-        _sglang_pcie_sm120_fusion = _sglang_pcie_is_sm120() and _sglang_pcie_sm120_can_fuse()
+        _sglang_pcie_sm120_fusion = bool(
+            _sglang_pcie_sm120_opted_in() and _sglang_pcie_is_sm120() and _sglang_pcie_sm120_can_fuse()
+        )
     return _sglang_pcie_sm120_fusion
 
 
 def _sglang_pcie_sm120_can_fuse():
     import logging
-    import os
 
-    log = logging.getLogger("sglang_pcie.sm120_allreduce_fusion")
-    opt_in = os.environ.get("SGLANG_PCIE_SM120_FUSION", "").strip().lower()
-    if opt_in not in ("1", "true", "yes", "on"):
-        log.info("sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: SGLANG_PCIE_SM120_FUSION=1 "
-                 "is not set")
-        return False
     missing = _sglang_pcie_flashinfer_missing() + _sglang_pcie_peer_access_missing()
     if missing:
-        log.warning("sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: %s", "; ".join(missing))
+        logging.getLogger("sglang_pcie.sm120_allreduce_fusion").warning(
+            "sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: %s", "; ".join(missing)
+        )
         return False
     return True
 
@@ -159,9 +178,9 @@ def _sglang_pcie_peer_access_missing():
 GATE_COMMENT = f"# {MARKER}: SM120 as SM90 once opted in and able to run"
 RESOLVER_COMMENT = f"# {MARKER}: SM120 resolves as SM90 (auto -> trtllm) once opted in and able to run"
 RESOLVER_OFF = f'''\
-# {MARKER}: on SM120 with a condition missing (logged once), a backend it
-# could run stays off instead of failing the server start.
-if {IS_SM120}() and backend in ("auto", "trtllm") and not is_multi_node:
+# {MARKER}: opted in on SM120 with a condition missing (logged once), a
+# backend it could run stays off instead of failing the server start; SGLang's own error otherwise.
+if {OPTED_IN}() and {IS_SM120}() and backend in ("auto", "trtllm") and not is_multi_node:
     return None
 '''
 PREFLIGHT_COMMENT = f'''\
@@ -183,13 +202,23 @@ class Sm120AllreduceFusion(Patch):
                 "fusion crashed CUDA-graph capture without SM12x kernels), FlashInfer PR #3903 (SM12x kernels)")
     remove_when = "SGLang's gate and resolver admit SM12x (with an explicit opt-in)"
     releases = ">=0.5.8,<=0.5.23"
-    upstream_check = "the gate's capability test already names SM120 / SM12x / Blackwell besides SM90 and SM100"
-    runtime_method = ("post-import hooks compile the rewritten source of the gate module and flashinfer_comm_fusion, "
-                      "define the SM120 helper there and swap __code__ of the gate, the resolver and the workspace "
-                      "preflight in place (callers that imported the gate by name see it too)")
-    static_method = ("ast: the gate returns `(_is_sm90_supported or _is_sm100_supported) and ...`; the resolver "
-                     "raises under `if not (<sm90> or <sm100>)`; the multicast query sits in the preflight loop")
+    upstream_check = ("every part the patch changes already admits SM12x: the gate's and (0.5.14+) the resolver's "
+                      "capability tests name SM120 / SM12x / Blackwell besides SM90 and SM100, in any order; a part "
+                      "still missing keeps the patch applicable for that part")
+    runtime_method = ("only with SGLANG_PCIE_SM120_FUSION=1 (otherwise not registered): post-import hooks compile "
+                      "the rewritten source of the gate module and flashinfer_comm_fusion, define the SM120 helper "
+                      "there and swap __code__ of the gate, the resolver and the workspace preflight in place "
+                      "(callers that imported the gate by name see it too)")
+    static_method = ("ast: the gate's `<sm90> or <sm100>` test (any operand order, anywhere in the gate); the "
+                     "`if not (<sm90> or <sm100>): raise` of flashinfer_comm_fusion (0.5.14+); the multicast query "
+                     "in the preflight loop (0.5.11+); the SM120 probe the helper calls (get_platform().is_sm120 "
+                     "from 0.5.19, sglang.srt.utils.is_sm120_supported before) resolved in the tree")
     targets = (FUSION, COMMUNICATOR, ADD_NORM)
+
+    def disabled_reason(self, settings) -> str | None:
+        """Opt-in: without SGLANG_PCIE_SM120_FUSION=1 the patch is not even registered, so SGLang's own code,
+        errors and messages are untouched (and the process pays nothing for it)."""
+        return super().disabled_reason(settings) or (None if settings.sm120_fusion else OPT_IN_REASON)
 
     # -- static
 
@@ -241,7 +270,11 @@ PATCH = Sm120AllreduceFusion()
 # -- the source transformation (shared by the diffs, the static check and the runtime patch)
 
 def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
-    """(status, detail, {module: new source}); raises Drift where the release's shape is not the expected one."""
+    """(status, detail, {module: new source}); raises Drift where the release's shape is not the expected one.
+
+    Three parts: the gate, the backend resolver (0.5.14+), the workspace preflight (0.5.11+). A part upstream
+    already opened to SM12x is left alone; the status is ``upstream`` only when no part is left to patch.
+    """
     gate_module, gate_name = _find_gate(tree)
     gate_source = tree.source(gate_module)
     fusion_source = tree.source(FUSION)
@@ -250,34 +283,75 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     if MARKER in gate_source or MARKER in fusion_source:
         return APPLIED, "source carries the sglang-pcie diff", {}
     gate_tree, fusion_tree = ast.parse(gate_source), ast.parse(fusion_source)
-    capability = _gate_capability(gate_tree, gate_module, gate_name)
-    if capability is None:
-        return UPSTREAM, f"{gate_name} already admits more than SM90/SM100", {}
+    version = _version(tree)
+    gate_label = f"{gate_module.rsplit('.', 1)[1]}.{gate_name}"
+
+    gate_test = _gate_capability(_function(gate_tree, gate_name), f"{gate_module}.{gate_name}")
+    resolver = _find_resolver(fusion_tree, version)
+    preflight = _find_preflight(fusion_tree, version)
+
+    patched, upstream = [], []
+    (upstream if _admits_sm12x(gate_test) else patched).append(gate_label)
+    if resolver is not None:
+        (upstream if _admits_sm12x(resolver[2]) else patched).append(resolver[0].name)
+    if preflight is not None:
+        patched.append(PREFLIGHT_SIZES)
+    if not patched:
+        return UPSTREAM, f"SM12x already admitted upstream by {', '.join(upstream)}: nothing left to patch", {}
 
     edits = {gate_module: _Edits(gate_source), FUSION: _Edits(fusion_source)}
     gate_edits = edits[gate_module]
-    gate_edits.insert_at(capability.end_lineno, capability.end_col_offset, f" or {HELPER}()")
-    gate_edits.insert_lines(capability.lineno, GATE_COMMENT + "\n")
-    parts = [f"{gate_module.rsplit('.', 1)[1]}.{gate_name}"]
-    if _resolver_edits(fusion_tree, edits[FUSION]):
-        parts.append(RESOLVER)
-    if _preflight_edits(fusion_tree, edits[FUSION]):
-        parts.append(PREFLIGHT_SIZES)
+    if gate_label in patched:
+        gate_edits.insert_at(gate_test.end_lineno, gate_test.end_col_offset, f" or {HELPER}()")
+        gate_edits.insert_lines(gate_test.lineno, GATE_COMMENT + "\n")
+    if resolver is not None and resolver[0].name in patched:
+        _resolver_edits(resolver, edits[FUSION])
+    if preflight is not None:
+        edits[FUSION].indent(preflight[0].lineno, preflight[1].end_lineno)
+        edits[FUSION].insert_lines(preflight[0].lineno, PREFLIGHT_COMMENT)
 
-    # The helper goes into flashinfer_comm_fusion when the gate module already imports from it (0.5.10+): one
-    # decision and one log line per process.  Up to 0.5.9 the gate module alone needs it and does not import it.
-    fusion_import = _top_level_import_from(gate_tree, FUSION)
-    host = FUSION if fusion_import is not None else gate_module
-    if fusion_import is not None:
-        gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
+    # The helper goes into flashinfer_comm_fusion when the gate module imports it at top level (0.5.10+) or when
+    # flashinfer_comm_fusion itself needs it: one decision and one log line per process. Up to 0.5.9 only the
+    # gate module needs it, and it does not import flashinfer_comm_fusion.
+    fusion_import = _top_level_import_of(tree, gate_module, gate_tree, FUSION)
+    fusion_needs = edits[FUSION].changed
+    gate_needs = gate_edits.changed
+    if fusion_needs or fusion_import is not None:
+        host = FUSION
+        if gate_needs:
+            if fusion_import is None:
+                raise Drift(f"{gate_module} no longer imports {FUSION} at module level, which would hold the "
+                            "helper its gate calls")
+            gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
+    else:
+        host = gate_module
     host_tree = fusion_tree if host == FUSION else gate_tree
     entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
-    block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)")
+    probe_name, probe_body = _sm120_probe(tree)
+    block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
     edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines), block + "\n\n")
 
     sources = {module: e.text() for module, e in edits.items() if e.changed}
-    detail = f"patches {', '.join(parts)}; helper in {host.rsplit('.', 1)[1]}"
+    detail = f"patches {', '.join(patched)}; helper in {host.rsplit('.', 1)[1]} (reads {probe_name})"
+    if upstream:
+        detail += f"; SM12x already admitted upstream by {', '.join(upstream)}"
     return APPLICABLE, detail, sources
+
+
+def _version(tree: SourceTree):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(tree.version)
+    except InvalidVersion:
+        return None
+
+
+def _since(version, release: str) -> bool:
+    """Whether every covered release from ``release`` on has the part (False where the version is unknown)."""
+    from packaging.version import Version
+
+    return version is not None and version >= Version(release)
 
 
 def _find_gate(tree: SourceTree) -> tuple[str, str]:
@@ -287,59 +361,108 @@ def _find_gate(tree: SourceTree) -> tuple[str, str]:
     raise Drift("no fusion gate: " + ", ".join(f"{m}.{n}" for m, n in GATE_LOCATIONS) + " are all absent")
 
 
-def _gate_capability(gate_tree: ast.Module, module: str, name: str) -> ast.BoolOp | None:
-    """The gate's `(_is_sm90_supported or _is_sm100_supported)`; None when it admits more GPUs already."""
-    func = _function(gate_tree, name)
-    body = [s for s in func.body if not _is_docstring(s)]
-    ret = body[0] if len(body) == 1 else None
-    test = ret.value if isinstance(ret, ast.Return) else None
-    first = test.values[0] if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else None
-    if not (isinstance(first, ast.BoolOp) and isinstance(first.op, ast.Or)):
-        raise Drift(f"{module}.{name} does not return `(<capability>) and ...`")
-    operands = tuple(ast.unparse(v) for v in first.values)
-    if operands == GATE_CAPABILITY:
-        return first
-    if len(operands) > 2 and operands[:2] == GATE_CAPABILITY and any(
-            word in op.lower() for op in operands[2:] for word in ("sm120", "sm12", "blackwell")):
+# Which GPUs an operand of a capability test stands for, read off its text (`_is_sm90_supported`,
+# `get_platform().is_sm100`, `is_sm120_supported()`, `_is_blackwell`...).
+_GPU_WORDS = {"sm90": r"sm_?90", "sm100": r"sm_?10\d|sm_?10x|blackwell", "sm12x": r"sm_?12|blackwell"}
+
+
+def _gpus(operand: ast.expr) -> set[str]:
+    text = ast.unparse(operand).lower()
+    return {gpu for gpu, pattern in _GPU_WORDS.items() if re.search(pattern, text)}
+
+
+def _or_operands(node: ast.BoolOp) -> list[ast.expr]:
+    """The operands of an ``or`` chain, nested ``or``s flattened: ``a or (b or c)`` is a, b, c."""
+    found = []
+    for value in node.values:
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            found.extend(_or_operands(value))
+        else:
+            found.append(value)
+    return found
+
+
+def _capability_tests(node: ast.AST) -> list[ast.BoolOp]:
+    """The outermost ``or`` tests under ``node`` naming both SM90 and SM100, in any order."""
+    found = []
+    for child in ast.walk(node):
+        if isinstance(child, ast.BoolOp) and isinstance(child.op, ast.Or):
+            covered = set().union(*(_gpus(v) for v in _or_operands(child)))
+            if {"sm90", "sm100"} <= covered and not any(child is inner or _contains(inner, child) for inner in found):
+                found = [f for f in found if not _contains(child, f)] + [child]
+    return found
+
+
+def _contains(outer: ast.AST, inner: ast.AST) -> bool:
+    return any(node is inner for node in ast.walk(outer))
+
+
+def _admits_sm12x(test: ast.BoolOp) -> bool:
+    return any("sm12x" in _gpus(v) for v in _or_operands(test))
+
+
+def _gate_capability(func: ast.FunctionDef, label: str) -> ast.BoolOp:
+    """The gate's `<sm90> or <sm100>` test, wherever it sits in the gate and in whatever order."""
+    tests = _capability_tests(func)
+    if len(tests) != 1:
+        ors = [ast.unparse(n) for n in ast.walk(func) if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)]
+        found = f"; its `or` tests: {'; '.join(ors)}" if ors else ""
+        raise Drift(f"{label} does not test `<sm90> or <sm100>` once ({len(tests)} such tests){found}")
+    return tests[0]
+
+
+def _find_resolver(fusion_tree: ast.Module, version) -> tuple[ast.FunctionDef, ast.If, ast.BoolOp] | None:
+    """The function of flashinfer_comm_fusion that raises unless the GPU is SM90/SM10x (0.5.14+: _resolve_backend),
+    its ``if not (<sm90> or <sm100>): raise``, and that test; None before 0.5.14 where there is none."""
+    found = []
+    for func in fusion_tree.body:
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        for stmt in ast.walk(func):
+            test = stmt.test if isinstance(stmt, ast.If) else None
+            if (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.BoolOp)
+                    and _capability_tests(test.operand) == [test.operand]
+                    and any(isinstance(s, ast.Raise) for s in stmt.body)):
+                found.append((func, stmt, test.operand))
+    if len(found) > 1:
+        raise Drift(f"{FUSION}: {len(found)} places refuse non-SM90/SM10x GPUs: "
+                    + ", ".join(f.name for f, _, _ in found))
+    if not found:
+        if _since(version, RESOLVER_SINCE) or _function(fusion_tree, RESOLVER) is not None:
+            raise Drift(f"{FUSION} has no `if not (<sm90> or <sm100>): raise` (every covered release from "
+                        f"{RESOLVER_SINCE} has one, in {RESOLVER})")
         return None
-    raise Drift(f"{module}.{name} checks {' or '.join(operands)}, not {' or '.join(GATE_CAPABILITY)}")
+    func, stmt, test = found[0]
+    if not (len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Raise)):
+        raise Drift(f"{FUSION}.{func.name}: the SM90/SM10x check does not just raise")
+    args = [a.arg for a in func.args.args + func.args.kwonlyargs]
+    missing = [name for name in ("backend", "is_multi_node") if name not in args]
+    if missing:
+        raise Drift(f"{FUSION}.{func.name}({', '.join(args)}) does not take {' and '.join(missing)}, which the "
+                    "inserted code reads")
+    return func, stmt, test
 
 
-def _resolver_edits(fusion_tree: ast.Module, edits: _Edits) -> bool:
-    """From 0.5.14: admit SM120 in `_resolve_backend`; absent before (True when edited)."""
-    func = _function(fusion_tree, RESOLVER)
-    if func is None:
-        if _function(fusion_tree, "resolve_flashinfer_allreduce_fusion_backend") is not None:
-            raise Drift(f"{FUSION}: resolve_flashinfer_allreduce_fusion_backend without {RESOLVER}")
-        return False
-    args = [a.arg for a in func.args.args]
-    if args[:2] != ["backend", "is_multi_node"]:
-        raise Drift(f"{FUSION}.{RESOLVER}({', '.join(args)}) does not take (backend, is_multi_node)")
-    for stmt in func.body:
-        test = stmt.test if isinstance(stmt, ast.If) else None
-        if not (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
-                and isinstance(test.operand, ast.BoolOp) and isinstance(test.operand.op, ast.Or)):
-            continue
-        capability = test.operand
-        if tuple(ast.unparse(v) for v in capability.values) not in RESOLVER_CAPABILITY:
-            continue
-        if not (len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Raise)):
-            raise Drift(f"{FUSION}.{RESOLVER}: the SM90/SM10x check does not just raise")
-        raise_stmt = stmt.body[0]
-        edits.insert_at(capability.end_lineno, capability.end_col_offset, f" or {HELPER}()")
-        edits.insert_lines(stmt.lineno, RESOLVER_COMMENT + "\n")
-        edits.insert_lines(raise_stmt.lineno, RESOLVER_OFF)
-        return True
-    raise Drift(f"{FUSION}.{RESOLVER} has no `if not (<sm90> or <sm100>): raise ...`")
+def _resolver_edits(resolver, edits: _Edits) -> None:
+    """Admit SM120 in the resolver, and keep a backend it could run off (not failing) when a condition is missing."""
+    _, stmt, capability = resolver
+    edits.insert_at(capability.end_lineno, capability.end_col_offset, f" or {HELPER}()")
+    edits.insert_lines(stmt.lineno, RESOLVER_COMMENT + "\n")
+    edits.insert_lines(stmt.body[0].lineno, RESOLVER_OFF)
 
 
-def _preflight_edits(fusion_tree: ast.Module, edits: _Edits) -> bool:
-    """From 0.5.11: skip the multicast rounding of the workspace preflight on SM120 (True when edited)."""
+def _find_preflight(fusion_tree: ast.Module, version) -> tuple[ast.stmt, ast.stmt] | None:
+    """From 0.5.11: the first and last statement of the multicast rounding in the preflight loop; None before."""
     users = sorted({f.name for f in fusion_tree.body if isinstance(f, ast.FunctionDef)
                     and any(isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity"
                             for n in ast.walk(f))})
     if not users:
-        return False
+        if _function(fusion_tree, PREFLIGHT_SIZES) is not None:
+            return None  # the preflight no longer asks for multicast: nothing there to patch
+        if _since(version, PREFLIGHT_SINCE):
+            raise Drift(f"{FUSION}.{PREFLIGHT_SIZES} is missing (every covered release from {PREFLIGHT_SINCE} has "
+                        "it)")
+        return None
     if users != [PREFLIGHT_SIZES]:
         raise Drift(f"{FUSION}: the multicast query is in {', '.join(users)}, not only in {PREFLIGHT_SIZES}")
     loops = [n for n in ast.walk(_function(fusion_tree, PREFLIGHT_SIZES)) if isinstance(n, ast.For)]
@@ -352,10 +475,52 @@ def _preflight_edits(fusion_tree: ast.Module, edits: _Edits) -> bool:
             continue
         if any("mc_" in ast.unparse(s) for s in body[end + 1:]):
             raise Drift(f"{FUSION}.{PREFLIGHT_SIZES} uses the multicast values after rounding to them")
-        edits.indent(body[start].lineno, body[end].end_lineno)
-        edits.insert_lines(body[start].lineno, PREFLIGHT_COMMENT)
-        return True
+        return body[start], body[end]
     raise Drift(f"{FUSION}.{PREFLIGHT_SIZES}: no loop rounding allocation_size to mc_granularity")
+
+
+def _sm120_probe(tree: SourceTree) -> tuple[str, str]:
+    """(what the helper reads, the body of _sglang_pcie_is_sm120) for this tree; Drift naming what is missing."""
+    if tree.defines(RUNTIME_CONTEXT, "get_platform"):
+        problem = _platform_fact_problem(tree, SM120_FACT)
+        if problem:
+            raise Drift(problem)
+        return f"get_platform().{SM120_FACT}", IS_SM120_BY_PLATFORM
+    if tree.defines(UTILS, SM120_PROBE):
+        return f"{UTILS}.{SM120_PROBE}", IS_SM120_BY_PROBE
+    raise Drift(f"{UTILS}.{SM120_PROBE} is missing (and there is no {RUNTIME_CONTEXT}.get_platform): the inserted "
+                "helper asks it whether the GPU is SM12x")
+
+
+def _platform_fact_problem(tree: SourceTree, fact: str) -> str | None:
+    """None when ``get_platform().<fact>`` answers in this tree: the platform class defines it, or a table of
+    the module maps it to a probe that ``sglang.srt.utils.common`` defines (0.5.19+)."""
+    module = tree.tree(RUNTIME_CONTEXT)
+    for node in ast.walk(module):
+        if isinstance(node, ast.ClassDef) and "Platform" in node.name and fact in _class_members(node):
+            return None
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value == fact:
+                    probe = value.value if isinstance(value, ast.Constant) else None
+                    if isinstance(probe, str) and not tree.defines(UTILS_COMMON, probe):
+                        return (f"{RUNTIME_CONTEXT}: the platform answers {fact} through {UTILS_COMMON}.{probe}, "
+                                "which is missing")
+                    return None
+    return (f"{RUNTIME_CONTEXT}.get_platform() has no {fact} fact, which the inserted helper reads (every covered "
+            "release with get_platform has it)")
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """Names a class body defines: methods, properties, class attributes."""
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
 
 
 def _flashinfer_entry_points(fusion_tree: ast.Module) -> tuple[str, ...]:
@@ -378,8 +543,14 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
-def _top_level_import_from(tree: ast.Module, module: str) -> ast.ImportFrom | None:
-    return next((n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == module and n.level == 0), None)
+def _top_level_import_of(tree: SourceTree, module: str, module_tree: ast.Module, imported: str) -> ast.stmt | None:
+    """The first top-level ``from <imported> import ...`` (relative or not) or ``import <imported>`` of a module."""
+    for node in module_tree.body:
+        if isinstance(node, ast.ImportFrom) and tree.absolute(module, node) == imported:
+            return node
+        if isinstance(node, ast.Import) and any(a.name == imported for a in node.names):
+            return node
+    return None
 
 
 def _first_definition_line(tree: ast.Module, lines: list[str]) -> int:
