@@ -71,7 +71,7 @@ def _patch_ids(env, s) -> frozenset:
         if unknown:
             # The known ids stay switched off: applying a patch the user tried to turn off is the unsafe reading.
             s.errors.append(f"{DISABLE_PATCHES_VAR}={shown(raw)} names no patch {', '.join(map(shown, unknown))}"
-                            f" (patch ids: {', '.join(known)}); ignored")
+                            f" (patch ids: {', '.join(known)}); unknown ids ignored")
     return frozenset(ids)
 
 
