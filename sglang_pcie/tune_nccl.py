@@ -190,72 +190,72 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
     workspace = PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=spec["max_numel"],
                                           dtype=torch.bfloat16, tune_batches=spec["tune_batches"],
                                           tune_cache=cache)
-    try:
-        report["fabric"] = f"{workspace.profile} ({workspace.profile_reason})"[:200]
-        if spec.get("tune"):
-            began = time.monotonic()
-            tuned = workspace.tune([hidden], dtype=torch.bfloat16)  # collective; rank 0 writes the cache file
-            report["tuned_shapes"] = len(tuned)
-            report["tune_s"] = round(time.monotonic() - began, 1)
-        sizes = [t for t in spec["tokens"] if t * hidden <= spec["max_numel"]]
-        workspace.prepare([(t, hidden) for t in sizes], dtype=torch.bfloat16)
-        stream = torch.cuda.Stream()
-        results = {}
-        for tokens in spec["tokens"]:
-            numel = tokens * hidden
-            probe = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=device)
-            if tokens not in sizes or not workspace.supports(probe):
-                results[str(tokens)] = None
-                continue
-            inputs = [_pattern(torch, rank, i, numel, device).to(torch.bfloat16).view(tokens, hidden)
-                      for i in range(count)]
-            expected = [sum(_pattern(torch, r, i, numel, device) for r in range(world)).to(torch.bfloat16)
-                        .view(tokens, hidden) for i in range(count)]
-            outputs = [torch.empty_like(x) for x in inputs]
+    report["fabric"] = f"{workspace.profile} ({workspace.profile_reason})"[:200]
+    if spec.get("tune"):
+        began = time.monotonic()
+        tuned = workspace.tune([hidden], dtype=torch.bfloat16)  # collective; rank 0 writes the cache file
+        report["tuned_shapes"] = len(tuned)
+        report["tune_s"] = round(time.monotonic() - began, 1)
+    sizes = [t for t in spec["tokens"] if t * hidden <= spec["max_numel"]]
+    workspace.prepare([(t, hidden) for t in sizes], dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    results = {}
+    for tokens in spec["tokens"]:
+        numel = tokens * hidden
+        probe = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=device)
+        if tokens not in sizes or not workspace.supports(probe):
+            results[str(tokens)] = None
+            continue
+        inputs = [_pattern(torch, rank, i, numel, device).to(torch.bfloat16).view(tokens, hidden)
+                  for i in range(count)]
+        expected = [sum(_pattern(torch, r, i, numel, device) for r in range(world)).to(torch.bfloat16)
+                    .view(tokens, hidden) for i in range(count)]
+        outputs = [torch.empty_like(x) for x in inputs]
 
-            def check(stage):
-                torch.cuda.synchronize()
-                wrong = sum(not torch.equal(o, e) for o, e in zip(outputs, expected))
-                if wrong:
-                    raise RuntimeError(f"wrong sums after {stage} at {tokens} tokens ({wrong} of {count} buffers)")
-
-            def all_reduce_all():
-                for x, out in zip(inputs, outputs):
-                    workspace.all_reduce(x, out=out)
-
+        def check(stage):
             torch.cuda.synchronize()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                workspace.rebind_stream()  # earlier work is synchronised: moving the binding is safe
-                all_reduce_all()
-            check("eager all-reduce")
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                all_reduce_all()
-            for out in outputs:
-                out.zero_()
-            graph.replay()
-            check("graph replay")
-            for _ in range(WARMUP_REPLAYS):
-                graph.replay()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(TIMED_REPLAYS)]
-            for start, end in events:
-                start.record()
-                graph.replay()
-                end.record()
-            torch.cuda.synchronize()
-            milliseconds = [start.elapsed_time(end) for start, end in events]
-            for out in outputs:
-                out.zero_()
-            graph.replay()
-            check("timed replays")
-            results[str(tokens)] = statistics.median(milliseconds) * 1e3 / count
-            del graph
-        return results
-    finally:
+            wrong = sum(not torch.equal(o, e) for o, e in zip(outputs, expected))
+            if wrong:
+                raise RuntimeError(f"wrong sums after {stage} at {tokens} tokens ({wrong} of {count} buffers)")
+
+        def all_reduce_all():
+            for x, out in zip(inputs, outputs):
+                workspace.all_reduce(x, out=out)
+
         torch.cuda.synchronize()
-        workspace.destroy()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            workspace.rebind_stream()  # earlier work is synchronised: moving the binding is safe
+            all_reduce_all()
+        check("eager all-reduce")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            all_reduce_all()
+        for out in outputs:
+            out.zero_()
+        graph.replay()
+        check("graph replay")
+        for _ in range(WARMUP_REPLAYS):
+            graph.replay()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(TIMED_REPLAYS)]
+        for start, end in events:
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        milliseconds = [start.elapsed_time(end) for start, end in events]
+        for out in outputs:
+            out.zero_()
+        graph.replay()
+        check("timed replays")
+        results[str(tokens)] = statistics.median(milliseconds) * 1e3 / count
+        del graph
+    # destroy() is collective (barriers): reached only on success, by every rank in the same order. A rank that
+    # fails raises before it, exits, and the parent kills the group rather than leave a peer in a barrier.
+    torch.cuda.synchronize()
+    workspace.destroy()
+    return results
 
 
 def _torch_nccl_version(torch) -> str | None:

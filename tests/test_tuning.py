@@ -559,3 +559,24 @@ def test_real_worker_sum_check_catches_a_broken_all_reduce(torch_python):
     done = subprocess.run([str(torch_python), "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
                           capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "wrong sums after all-reduce at 2 tokens (3 of 3 buffers)", done.stderr
+
+
+def test_ipc_benchmark_script_tabulates_both_paths_per_hidden_size(fake_worker, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_IPC_FAST", "2")
+    monkeypatch.setattr(nccl, "probe_topology", lambda environ=None: NVLINK_BOX)
+    spec = importlib.util.spec_from_file_location("ipc_allreduce", REPO / "benchmarks" / "ipc_allreduce.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--hidden", "16,32", "--tokens", "1,2,4", "--out", str(tmp_path / "r")],
+                      worker_command=command) == 0
+    out = capsys.readouterr().out
+    assert "| 16 | nccl | 11.0 | 21.0 | 41.0 |" in out and "| 16 | pcie-ipc | 5.0 | 5.0 | 200.0 |" in out
+    assert "| 32 | NCCL / IPC | 2.20x | 4.20x | 0.20x |" in out
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert [(r["hidden"], r["path"]) for r in results["runs"]] == [(16, "nccl"), (16, "pcie-ipc"), (32, "nccl"),
+                                                                   (32, "pcie-ipc")]
+    specs = [json.loads(p.read_text())["spec"] for p in log.glob("*.json")]
+    assert {s["max_numel"] for s in specs if s.get("path")} == {4 * 16, 4 * 32}

@@ -1,0 +1,114 @@
+"""FlashInfer's PCIe-IPC all-reduce against NCCL (its defaults), latency per all-reduce in CUDA graphs, sums checked.
+
+    python benchmarks/ipc_allreduce.py [--hidden 4096,7168] [--tokens 1,2,4,8,16,32,64] [--tp N] [--out DIR]
+
+For each hidden size, one NCCL run and one IPC run, each in fresh processes (one per GPU), through the same workers
+as `sglang-pcie tune-nccl`: 2 x --layers all-reduces of tokens x hidden bf16 captured in one graph, 20 timed
+replays, median per all-reduce, slowest rank; every sum is checked exactly after the eager call, the first replay
+and the timed replays. The IPC run first runs FlashInfer's own tune() for a workspace of max(tokens) x hidden into a
+scratch cache (FLASHINFER_AUTOTUNE_DIR under --out, so the server's cache is left alone), then measures with the
+tuned launch configurations (--no-tune: FlashInfer's seed configurations). The first IPC run builds the kernels
+(nvcc, JIT): allow a minute or two.
+
+Prints a markdown table (and writes results.json under --out). A failure (FlashInfer missing, JIT build failing,
+wrong sums, a hang past --timeout) is a row saying why, never a crash: the NCCL figures still come out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sglang_pcie import nccl, tune_nccl  # noqa: E402
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=tune_nccl._positive_ints, default=[4096, 7168],
+                   help="hidden sizes, comma-separated (default 4096,7168)")
+    p.add_argument("--tokens", type=tune_nccl._positive_ints, default=[1, 2, 4, 8, 16, 32, 64],
+                   help="tokens per all-reduce, comma-separated (default 1,2,4,8,16,32,64)")
+    p.add_argument("--layers", type=tune_nccl._positive_int, default=61,
+                   help="a graph holds 2 x layers all-reduces (default 61)")
+    p.add_argument("--tp", type=tune_nccl._positive_int, help="ranks (default: every visible GPU)")
+    p.add_argument("--no-tune", action="store_true", help="measure FlashInfer's seed launch configurations")
+    p.add_argument("--timeout", type=tune_nccl._positive_float, default=300.0,
+                   help="seconds one run may take, the first JIT build included (default 300)")
+    p.add_argument("--out", type=Path, help="folder for results.json and the scratch tune cache")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    return p.parse_args(argv)
+
+
+def main(argv=None, worker_command=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    topology = nccl.probe_topology()
+    world = args.tp or topology.gpu_count
+    runs = [(hidden, path) for hidden in args.hidden for path in ("nccl", tune_nccl.IPC_NAME)]
+    print(f"# IPC vs NCCL: {world} ranks on {topology.gpu_count} x {', '.join(sorted(set(topology.gpu_names))) or '?'}"
+          f" (NVLink {topology.nvlink}, peer-to-peer {topology.p2p}); tokens {args.tokens}; hidden {args.hidden};"
+          f" {2 * args.layers} all-reduces per graph; NCCL_P2P_DISABLE={os.environ.get('NCCL_P2P_DISABLE', 'unset')}",
+          flush=True)
+    if args.dry_run:
+        for hidden, path in runs:
+            print(f"would run {path} at hidden {hidden}")
+        return 0
+    if world < 2:
+        print(f"error: {world} rank(s): an all-reduce needs 2 or more GPUs", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="ipc-allreduce-"))
+    out.mkdir(parents=True, exist_ok=True)
+    # A scratch tune cache for the workers: the benchmark's workspace sizes must not land in the cache a server reads.
+    scratch = {"FLASHINFER_AUTOTUNE_DIR": str(out / "flashinfer-autotune")}
+    command = worker_command or [sys.executable, "-m", "sglang_pcie.tune_nccl"]
+    results = {"world": world, "gpus": topology.gpu_names, "nvlink": topology.nvlink, "p2p": topology.p2p,
+               "tokens": args.tokens, "layers": args.layers, "runs": []}
+    top = max(args.tokens)
+    began = time.monotonic()
+    for hidden, path in runs:
+        spec = {"backend": "nccl", "tokens": args.tokens, "hidden": hidden, "dtype": "bf16",
+                "allreduces": 2 * args.layers}
+        if path != "nccl":
+            spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
+                        tune_batches=tune_nccl.sglang_tune_ladder(top))
+        outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command)
+        row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
+               "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info}
+        results["runs"].append(row)
+        print(f"# {path} hidden {hidden}: {outcome.wall_s:.1f} s"
+              + (f", FAILED: {outcome.error}" if outcome.error else "")
+              + (f", tuned {outcome.info.get('tuned_shapes')} shapes in {outcome.info.get('tune_s')} s"
+                 if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
+    results["wall_s"] = round(time.monotonic() - began, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(render(results))
+    return 0
+
+
+def render(results: dict) -> str:
+    tokens = results["tokens"]
+    rows = ["| hidden | path | " + " | ".join(f"{t} tok" for t in tokens) + " |",
+            "|---|---|" + "---|" * len(tokens)]
+    by = {(r["hidden"], r["path"]): r for r in results["runs"]}
+    for (hidden, path), row in by.items():
+        cells = [tune_nccl._format_us(row["us"].get(str(t))) for t in tokens]
+        label = path if not row["error"] else f"{path} (failed: {row['error'][:120]})"
+        rows.append(f"| {hidden} | {label} | " + " | ".join(cells) + " |")
+        nccl_row = by.get((hidden, "nccl"))
+        if path != "nccl" and nccl_row and not row["error"] and not nccl_row["error"]:
+            ratios = []
+            for t in tokens:
+                a, b = nccl_row["us"].get(str(t)), row["us"].get(str(t))
+                ratios.append(f"{a / b:.2f}x" if a and b else "-")
+            rows.append(f"| {hidden} | NCCL / IPC | " + " | ".join(ratios) + " |")
+    return ("Microseconds per all-reduce (bf16, CUDA graphs, median of 20 replays, slowest rank; sums checked)\n\n"
+            + "\n".join(rows) + f"\n\ntotal {results['wall_s']} s\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
