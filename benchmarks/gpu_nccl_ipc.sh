@@ -1,6 +1,6 @@
 #!/bin/bash
 # One GPU-machine run for "NCCL measured or untouched" and "The PCIe-IPC all-reduce, measured" (any rank count:
-# every visible GPU is used; TP4/TP8 on a 4- or 8-GPU machine the same way).
+# every visible GPU is used, so TP4/TP8 on a 4- or 8-GPU machine run the same way; TP=2 picks the first 2).
 #   bash benchmarks/gpu_nccl_ipc.sh            (from the checkout root; carry .gpu-fi/, see benchmarks/gpu_fi_wheels.sh)
 # Writes everything under $OUT (default /tmp/gpu-nccl-ipc): run.log, tune-p2p.{json,md}, tune-nop2p.{json,md},
 # ipc-bench/results.json, ipc.md, flashinfer-autotune/*.json, env.txt. Steps, in order of importance, each bounded
@@ -19,6 +19,8 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 START=$(date +%s)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# TP=N: use the first N GPUs (e.g. TP=2 on a 4-GPU machine, to compare with TP4 there)
+if [ -n "${TP:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
 PY=${PYTHON:-python3}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() { echo; echo "=== $1 (at $(( $(date +%s) - START )) s, $(left) s left)"; }

@@ -38,6 +38,8 @@ def parse_args(argv):
                    help="a graph holds 2 x layers all-reduces (default 61)")
     p.add_argument("--tp", type=tune_nccl._positive_int, help="ranks (default: every visible GPU)")
     p.add_argument("--no-tune", action="store_true", help="measure FlashInfer's seed launch configurations")
+    p.add_argument("--soak", type=int, default=0,
+                   help="IPC only: replay each graph this many more times, then check the sums again (hang test)")
     p.add_argument("--timeout", type=tune_nccl._positive_float, default=300.0,
                    help="seconds one run may take, the first JIT build included (default 300)")
     p.add_argument("--out", type=Path, help="folder for results.json and the scratch tune cache")
@@ -75,7 +77,7 @@ def main(argv=None, worker_command=None) -> int:
                 "allreduces": 2 * args.layers}
         if path != "nccl":
             spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
-                        tune_batches=tune_nccl.sglang_tune_ladder(top))
+                        tune_batches=tune_nccl.sglang_tune_ladder(top), soak=args.soak)
         outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command)
         row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
                "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info}

@@ -245,10 +245,12 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
             end.record()
         torch.cuda.synchronize()
         milliseconds = [start.elapsed_time(end) for start, end in events]
+        for _ in range(spec.get("soak", 0)):  # a long run of replays: no hang, and the sums still right after it
+            graph.replay()
         for out in outputs:
             out.zero_()
         graph.replay()
-        check("timed replays")
+        check("timed replays" + (f" and {spec['soak']} more" if spec.get("soak") else ""))
         results[str(tokens)] = statistics.median(milliseconds) * 1e3 / count
         del graph
     # destroy() is collective (barriers): reached only on success, by every rank in the same order. A rank that
