@@ -371,8 +371,13 @@ class SourceModels:
         found, candidates = [], self.capable_names()
         for module in self.models:
             text = self.text(module)
-            if not candidates.intersection(c.rsplit(".", 1)[-1] for c in _SELF_CALL_ASSIGN.findall(text)):
-                continue
+            callees = set(_SELF_CALL_ASSIGN.findall(text))
+            if not candidates.intersection(c.rsplit(".", 1)[-1] for c in callees):
+                # An alias (``import m as Y``, ``from m import X as Y``): the name it was imported under.
+                heads = {c.split(".")[0] for c in callees if f" as {c.split('.')[0]}" in text}
+                if not any(self.resolve(module, c) and self.is_capable(module, c)
+                           for c in callees if c.split(".")[0] in heads):
+                    continue
             for name, outline in self.outline(module).items():
                 # Only classes assigning self.x = <capable class>(...) in their text are parsed.
                 callees = set(_SELF_CALL_ASSIGN.findall(text, outline.start, outline.end))
