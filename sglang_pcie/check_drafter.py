@@ -104,7 +104,8 @@ class Checkpoint:
             raise InputError(f"{self.dir / 'config.json'}: unreadable ({exc})") from None
         if not isinstance(self.config, dict):
             raise InputError(f"{self.dir / 'config.json'}: not a JSON object")
-        self._tensors: dict[str, tuple[Path, dict]] | None = None
+        self._tensors: dict[str, Path] | None = None
+        self._headers: dict[Path, dict] = {}
 
     @property
     def text_config(self) -> dict:
@@ -119,44 +120,57 @@ class Checkpoint:
         value = self.config.get(key)
         return self.text_config.get(key, default) if value is None else value
 
-    def files(self) -> list[Path]:
+    def _weight_map(self) -> dict[str, Path] | None:
+        """name -> shard file from model.safetensors.index.json (None without an index); every shard must exist."""
         index = self.dir / "model.safetensors.index.json"
-        if index.is_file():
+        if not index.is_file():
+            return None
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = {file: self.dir / file for file in set(weight_map.values())}
+            files = {name: shards[file] for name, file in weight_map.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{index}: unreadable index ({exc})") from None
+        missing = sorted(name for name, path in shards.items() if not path.is_file())
+        if missing:
+            raise InputError(f"{index}: names {len(missing)} missing shard(s), e.g. {missing[0]!r}")
+        return files
+
+    def _header(self, file: Path) -> dict:
+        if file not in self._headers:
             try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise InputError(f"{index}: unreadable index ({exc})") from None
-            names = sorted(set(weight_map.values()))
-            missing = [n for n in names if not (self.dir / n).is_file()]
-            if missing:
-                raise InputError(f"{index}: names {len(missing)} missing shard(s), e.g. {missing[0]!r}")
-            return [self.dir / n for n in names]
-        return sorted(self.dir.glob("*.safetensors"))
+                self._headers[file] = safetensors_io.read_header(file)
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{self.role} {file}: {exc}") from None
+        return self._headers[file]
 
     @property
-    def tensors(self) -> dict[str, tuple[Path, dict]]:
-        """name -> (file, header entry) over every shard."""
+    def tensors(self) -> dict[str, Path]:
+        """name -> file. From the index when there is one, so a sharded target costs one header per tensor
+        looked up, not one per shard."""
         if self._tensors is None:
-            self._tensors = {}
-            for file in self.files():
-                try:
-                    header = safetensors_io.read_header(file)
-                except (OSError, ValueError) as exc:
-                    raise InputError(f"{self.role} {file}: {exc}") from None
-                for name, entry in header.items():
-                    self._tensors[name] = (file, entry)
+            weight_map = self._weight_map()
+            if weight_map is None:
+                weight_map = {name: file for file in sorted(self.dir.glob("*.safetensors"))
+                              for name in self._header(file)}
+            self._tensors = weight_map
         return self._tensors
 
     def find(self, *suffixes: str) -> tuple[str, dict] | None:
-        """The first tensor named exactly, or ending in ``.<suffix>``, for the suffixes in order."""
+        """(name, header entry) of the first tensor named exactly, or ending in ``.<suffix>``, for the suffixes
+        in order."""
         for suffix in suffixes:
-            for name, (_, entry) in self.tensors.items():
+            for name, file in self.tensors.items():
                 if name == suffix or name.endswith("." + suffix):
+                    entry = self._header(file).get(name)
+                    if entry is None:
+                        raise InputError(f"{self.role} {file}: the index places {name!r} here, its header lacks it")
                     return name, entry
         return None
 
     def read(self, name: str):
-        file, entry = self.tensors[name]
+        file = self.tensors[name]
+        entry = self._header(file)[name]
         if safetensors_io.numel(entry["shape"]) > MAX_MAP_ELEMENTS:
             raise InputError(f"{self.role} tensor {name!r} has shape {entry['shape']}: too large for a vocabulary map")
         try:
@@ -231,6 +245,9 @@ class SglangModels:
                 return node.value.func.id
         return None
 
+    def text(self, path: Path) -> str:
+        return self._texts.get(path, "")
+
     def loader_text(self, architecture: str) -> str:
         path = self.entry_classes(eagle3_only=True).get(architecture)
         return self._texts.get(path, "") if path else ""
@@ -268,6 +285,7 @@ class CaptureRule:
 
     source: str  # where the rule comes from, for the report
     compute: object  # callable: ids or None -> list[int] | None
+    file_text: str = ""  # the model file holding the layer loop (the innermost class's)
 
     def __call__(self, ids):
         return self.compute(ids)
@@ -321,7 +339,8 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
             return None
         return record[-1] if record and record[-1] is not None else None
 
-    return CaptureRule(where, compute)
+    inner_text = next((inner.file_text for inner in delegates.values()), None)
+    return CaptureRule(where, compute, inner_text if inner_text is not None else models.text(path))
 
 
 def documented_capture_rule(num_layers: int) -> CaptureRule:
@@ -567,6 +586,11 @@ def check_layer_ids(ctx: Context) -> Check:
     if len(points) != n_aux:
         return Check("layer ids", FAIL, f"{said}{len(points)} captures, but the drafter's fc takes {n_aux} aux"
                      " states", data)
+    # Up to 0.5.9 the loop captures ``hidden_states + residual`` before each layer, and residual is still None
+    # before layer 0: capturing index 0 raises at the first forward.
+    if 0 in points and re.search(r"append\(\s*hidden_states \+ residual\s*\)", rule.file_text):
+        return Check("layer ids", FAIL, f"{said}loop index 0 (the embeddings) is captured as hidden_states +"
+                     f" residual while residual is still None: the first forward raises ({rule.source})", data)
     warnings = []
     if ids and -1 in ids:
         warnings.append("-1 is not 'the last layer': it becomes loop index 0, the embeddings")

@@ -347,6 +347,16 @@ def test_layer_ids_minus_one_on_a_llama_target(capsys, tmp_path, tokenizer_json,
     assert "moved by one position" in ids["reason"]
 
 
+def test_layer_ids_minus_one_crashes_0_5_9(capsys, tmp_path, tokenizer_json, frequent_ids, src9):
+    """0.5.9's loop adds a residual that is still None before layer 0: capturing index 0 cannot work."""
+    target = make_target(tmp_path / "target", tokenizer_json, arch="LlamaForCausalLM")
+    draft = make_draft(tmp_path / "draft", frequent_ids, layer_ids=(-1, 2, 30))
+    code, report = check(capsys, "--draft", draft, "--target", target, "--sglang-source", src9)
+    ids = by_name(report)["layer ids"]
+    assert code == 1 and ids["status"] == "fail"
+    assert "residual while residual is still None: the first forward raises" in ids["reason"]
+
+
 def test_layer_ids_minus_one_on_kimi_0_5_23(capsys, tmp_path, tokenizer_json, frequent_ids, src23):
     """Story 2 on Kimi (DeepseekV3, 0.5.23 keeps ids unchanged): -1 is never reached, a state goes missing."""
     target = make_target(tmp_path / "target", tokenizer_json)
@@ -535,6 +545,47 @@ def test_hugging_face_cache_entry_and_sharded_target(capsys, tmp_path, tokenizer
     assert report["target"] == str(entry / "snapshots" / "abc123")
     code, report = check(capsys, "--draft", draft, "--target", entry / "snapshots" / "abc123")
     assert code == 0
+
+
+def test_reads_headers_and_maps_only(capsys, tmp_path, tokenizer_json, frequent_ids, monkeypatch):
+    """A sharded target of 200 GiB (sparse files) costs kilobytes of reading: headers, d2t and t2d only."""
+    target = make_target(tmp_path / "target", tokenizer_json, shards=4, layer_tensors=2)
+    for shard in range(4):  # one 50 GiB hole per shard, listed in the index like real weights
+        file = target / f"model-{shard + 1:05d}-of-00004.safetensors"
+        tensors = {n: (e["dtype"], e["shape"], None) for n, e in st.read_header(file).items()}
+        tensors[f"model.layers.{shard}.mlp.experts.weight"] = ("BF16", (25 * 1024, 1024 * 1024), None)
+        st.write_safetensors(file, tensors)
+    index = json.loads((target / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({f"model.layers.{s}.mlp.experts.weight": f"model-{s + 1:05d}-of-00004.safetensors"
+                                for s in range(4)})
+    (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert sum(f.stat().st_size for f in target.glob("*.safetensors")) > 200 * 2 ** 30
+    draft = make_draft(tmp_path / "draft", frequent_ids)
+    read = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self.f = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *args):
+            return self.f.seek(*args)
+
+    monkeypatch.setattr(st, "open", Counting, raising=False)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    assert code == 0, report
+    assert 0 < sum(read) < 64 * 1024, read
 
 
 @pytest.mark.parametrize("problem", ["missing", "no-config", "bad-json", "bad-header", "missing-shard", "text"])
