@@ -263,6 +263,7 @@ def test_eagle3_classes_and_loader_behaviour_per_release(src9, src23):
     ("0.5.23", "LlamaForCausalLM", False, None, [2, 30, 58]),
     # DeepseekV3 (Kimi-K2): 0.5.9 adds 1; 0.5.23 adds 1 only when the first id is 1.
     ("0.5.9", "DeepseekV3ForCausalLM", False, [2, 30, 58], [3, 31, 59]),
+    ("0.5.16", "DeepseekV3ForCausalLM", False, [2, 30, 58], [2, 30, 58]),
     ("0.5.23", "DeepseekV3ForCausalLM", False, [2, 30, 58], [2, 30, 58]),
     ("0.5.23", "DeepseekV3ForCausalLM", False, [1, 29, 57], [2, 30, 58]),
     ("0.5.23", "DeepseekV3ForCausalLM", False, [-1, 2, 30], [-1, 2, 30]),
@@ -612,6 +613,13 @@ def test_unreadable_input_exits_2(capsys, tmp_path, pair, problem):
 def test_bad_usage_exits_2(capsys):
     assert run_cli(capsys)[0] == 2
     assert run_cli(capsys, "--draft", "x", "--bogus")[0] == 2
+
+
+def test_sample_text_ships_in_the_wheel(checkout_wheel):
+    import zipfile
+
+    with zipfile.ZipFile(checkout_wheel) as wheel:
+        assert "sglang_pcie/data/sample.txt" in wheel.namelist()
 
 
 def test_cli_delegates(tmp_path, pair):
