@@ -538,14 +538,40 @@ def nccl_check(expected: dict, read: dict, processes: int) -> dict:
 
 
 def read_profile(path: Path) -> dict | None:
-    """The EAGLE3 profile summary of a run (sglang-pcie profile-report's), or None without intervals."""
+    """The EAGLE3 profile summary of a server (sglang-pcie profile-report's, of the newest profiled process in
+    the file: the TP rank 0 scheduler), or None without intervals."""
     from sglang_pcie import profile_report
 
     if not path.is_file():
         return None
     with open(path, encoding="utf-8", errors="replace") as f:
         records = profile_report.read_records(f)
-    return profile_report.summarise(records) if records else None
+    if not records:
+        return None
+    runs = profile_report.runs_of(records)
+    summary = profile_report.summarise(list(runs.values())[-1])
+    summary["runs_in_file"] = len(runs)
+    return summary
+
+
+ACCEPT_TOLERANCE = 0.01
+
+
+def profile_checks(profile: dict, sglang_accept: float | None) -> dict:
+    """The invariants a profiled server must hold (None: not reported by this profile): the timed phases fit in
+    the cycle, the cycle (GPU time) fits in the wall-clock cycle, and the accept length agrees with SGLang's meta
+    info within 1%."""
+    phases, cycle, wall = profile.get("phases_sum_ms"), profile.get("cycle_ms"), profile.get("wall_cycle_ms")
+    accept = profile.get("accept_length")
+    ratio = accept / sglang_accept if accept and sglang_accept else None
+    checks = {
+        "phases_le_cycle": None if phases is None or cycle is None else phases <= cycle * (1 + 1e-6),
+        "cycle_le_wall": None if cycle is None or wall is None else cycle <= wall * (1 + 1e-6),
+        "accept_within_1pct": None if ratio is None else abs(ratio - 1) <= ACCEPT_TOLERANCE,
+    }
+    failed = [name for name, ok in checks.items() if ok is False]
+    return dict(checks, accept_ratio=ratio, phases_sum_ms=phases, cycle_ms=cycle, wall_cycle_ms=wall,
+                failed=failed)
 
 
 @dataclass
@@ -882,15 +908,22 @@ def format_table(results: dict) -> str:
             wv = entry["within_variant"]
             text += f"; its own repeats: {wv['differing']}/{wv['compared']} differ"
         lines.append(text)
-    profiled = [r for r in runs if r.get("profile")]
-    for r in profiled:
-        p = r["profile"]
-        cycle = (p.get("phases_ms") or {}).get("cycle", {}).get("mean")
-        ratio = r.get("profile_accept_vs_sglang")
-        lines.append(f"profile run {r['index']} ({r['variant']}): {p.get('decode_cycles')} decode cycles, cycle"
-                     f" {_fmt(cycle, 3)} ms, accept length {_fmt(p.get('accept_length'), 3)}"
-                     f" (SGLang meta info, all requests served {_fmt((r.get('metrics') or {}).get('accept_length_served'), 3)}"
-                     f"{'' if ratio is None else f', ratio {ratio:.4f}'})")
+    for r in (r for r in runs if r.get("profile")):
+        p, c = r["profile"], r.get("profile_checks") or {}
+        served = (r.get("metrics") or {}).get("accept_length_served")
+        busy = p.get("gpu_busy")
+        lines.append(f"profile run {r['index']} ({r['variant']}): {p.get('decode_cycles')} decode cycles;"
+                     f" phases {_fmt(c.get('phases_sum_ms'), 3)} <= cycle {_fmt(c.get('cycle_ms'), 3)} <= wall cycle"
+                     f" {_fmt(c.get('wall_cycle_ms'), 3)} ms"
+                     + ("" if busy is None else f" (GPU busy {busy * 100:.0f}%)")
+                     + f"; accept length {_fmt(p.get('accept_length'), 3)} vs SGLang's {_fmt(served, 3)}"
+                     + ("" if c.get("accept_ratio") is None else f" (ratio {c['accept_ratio']:.4f})")
+                     + (f"; profiler host {p['profiler_host_us_per_cycle']:.1f} us/cycle"
+                        if p.get("profiler_host_us_per_cycle") is not None else "")
+                     + ("; INVARIANT FAILED: " + ", ".join(c["failed"]) if c.get("failed") else
+                        "; invariants hold" if any(c.get(k) is not None for k in
+                                                   ("phases_le_cycle", "cycle_le_wall", "accept_within_1pct"))
+                        else ""))
     for r in runs:
         if r.get("profile") is None and r["env"].get("EAGLE3_PROFILE") == "1" and r.get("ok"):
             lines.append(f"profile run {r['index']} ({r['variant']}): no EAGLE3 profile intervals were written")
@@ -963,9 +996,8 @@ def write_chart(results: dict, path: Path) -> str:
 
 def assemble(plan: Plan, records: list[dict], started: str, complete: bool) -> dict:
     for r in records:
-        p, a = r.get("profile"), (r.get("metrics") or {}).get("accept_length_served")
-        if p and p.get("accept_length") and a:
-            r["profile_accept_vs_sglang"] = p["accept_length"] / a
+        if r.get("profile"):
+            r["profile_checks"] = profile_checks(r["profile"], (r.get("metrics") or {}).get("accept_length_served"))
     results = {
         "schema": SCHEMA, "started": started, "complete": complete, "out": str(plan.out),
         "argv": plan.argv, "server_cmd": plan.server_cmd, "launch_args": plan.launch_args,
@@ -1123,10 +1155,13 @@ def run_plan(plan: Plan) -> dict:
 
 
 def exit_code(results: dict) -> int:
-    """0: every server ran and no must-match variant changed tokens; 1 otherwise."""
+    """0: every server ran and stopped, no must-match variant changed tokens, every profile invariant held;
+    1 otherwise."""
     if any(not r.get("ok") or (r.get("stop") or {}).get("survivors") for r in results["runs"]):
         return 1
     if any(e.get("verdict") == "DIFFERENT" for e in results["outputs"].values()):
+        return 1
+    if any((r.get("profile_checks") or {}).get("failed") for r in results["runs"]):
         return 1
     return 0
 

@@ -39,6 +39,7 @@ from sglang_pcie.eagle_profiler import REPORTED, SCHEMA  # noqa: E402
 from sglang_pcie.settings import load_settings  # noqa: E402
 
 START = time.monotonic()
+START_WALL = time.time()
 PROFILE_LOCK = threading.Lock()
 
 
@@ -62,9 +63,15 @@ def write_profile(tokens, cycles):
     cycle_ms = env_float("FAKE_CYCLE_MS", 0.5)
     phases = {name: {"mean": cycle_ms / 4, "p50": cycle_ms / 4, "p90": cycle_ms / 3} for name in REPORTED}
     phases["cycle"] = {"mean": cycle_ms, "p50": cycle_ms, "p90": cycle_ms * 1.2}
-    record = {"schema": SCHEMA, "timer": "fake", "syncs": 0, "decode_cycles": cycles, "prefill_cycles": 1,
-              "idle_cycles": 0, "decode_requests": cycles, "tokens": tokens, "accept_length": tokens / cycles,
-              "phases_ms": phases, "baseline_ms": None}
+    # FAKE_PROFILE_WALL_RATIO < 1 makes the wall-clock cycle shorter than the GPU cycle: a broken invariant
+    wall_cycle_ms = cycle_ms * env_float("FAKE_PROFILE_WALL_RATIO", 1.25)
+    record = {"schema": SCHEMA, "run_id": f"{START_WALL:.3f}-{os.getpid()}", "run_started": START_WALL,
+              "pid": os.getpid(), "tp_rank": 0, "timer": "fake", "syncs": 0, "decode_cycles": cycles,
+              "timed_cycles": cycles, "prefill_cycles": 1, "idle_cycles": 0, "decode_requests": cycles,
+              "requests_all": cycles, "tokens": tokens, "accept_length": tokens / cycles,
+              "accept_length_exact": True, "phases_ms": phases, "wall_s": cycles * wall_cycle_ms / 1e3,
+              "wall_cycle_ms": wall_cycle_ms, "wall_cycles": cycles, "profiler_host_us_per_cycle": 12.5,
+              "baseline_ms": None}
     with PROFILE_LOCK, open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 

@@ -239,7 +239,9 @@ def test_bench_end_to_end(capsys, tmp_path):
     assert profile["profile"]["accept_length"] == pytest.approx(profile["metrics"]["accept_length_served"])
     # the profile saw the warm-up too (16 tokens in 6 cycles): compared with SGLang's figure over all it served
     assert runs[0]["metrics"]["accept_length_served"] == pytest.approx((4 * 16 + 10 * 12) / (4 * 6 + 10 * 4))
-    assert profile["profile_accept_vs_sglang"] == pytest.approx(1.0)
+    checks = profile["profile_checks"]
+    assert checks["accept_ratio"] == pytest.approx(1.0) and checks["failed"] == []
+    assert checks["phases_le_cycle"] and checks["cycle_le_wall"] and checks["accept_within_1pct"]
     assert "profile" not in runs[0]
     nccl_run = next(r for r in runs if r["variant"] == "nccl")
     assert nccl_run["nccl_env"] == {"NCCL_PROTO": ["LL"]}
@@ -258,7 +260,9 @@ def test_bench_end_to_end(capsys, tmp_path):
     assert "overlay       identical: 0/20 requests differ" in out
     assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
             " all read") in out
-    assert "profile run 3 (profile):" in out and "ratio 1.0000" in out
+    assert re.search(r"profile run 3 \(profile\): \d+ decode cycles; phases 0.375 <= cycle 0.500 <= wall cycle"
+                     r" 0.625 ms \(GPU busy 80%\); accept length [\d.]+ vs SGLang's [\d.]+ \(ratio 1.0000\);"
+                     r" profiler host 12.5 us/cycle; invariants hold", out)
     assert "9/9 baseline (repeat 2): stopped" in err and "ready in" in err
     assert (tmp_path / "out" / "progress.log").read_text().count("stopped") == 9
     assert "fake: serving on" in Path(runs[0]["log"]).read_text()
@@ -505,3 +509,22 @@ def test_inherited_decision_marker_is_not_passed_on():
     from sglang_pcie.nccl import DECIDED_VAR
 
     assert DECIDED_VAR in bench.CONTROLLED_VARS
+
+
+def test_profile_invariant_failure_fails_the_run(capsys, tmp_path):
+    code, out, _, results = run_bench(capsys, tmp_path, "--repeats", "1", "--variant",
+                                      "p:base=profile;env=FAKE_PROFILE_WALL_RATIO=0.5")
+    checks = next(r for r in results["runs"] if r["variant"] == "p")["profile_checks"]
+    assert checks["failed"] == ["cycle_le_wall"] and checks["phases_le_cycle"] is True
+    assert code == 1 and "INVARIANT FAILED: cycle_le_wall" in out
+
+
+def test_profile_checks_math():
+    ok = bench.profile_checks({"phases_sum_ms": 3.0, "cycle_ms": 4.0, "wall_cycle_ms": 6.0, "accept_length": 2.019},
+                              2.0)
+    assert ok["failed"] == [] and ok["accept_ratio"] == pytest.approx(1.0095)
+    off = bench.profile_checks({"phases_sum_ms": 4.5, "cycle_ms": 4.0, "wall_cycle_ms": 6.0, "accept_length": 2.1},
+                               2.0)
+    assert off["failed"] == ["phases_le_cycle", "accept_within_1pct"]
+    unknown = bench.profile_checks({"accept_length": None}, None)
+    assert unknown["failed"] == [] and unknown["cycle_le_wall"] is None
