@@ -291,10 +291,6 @@ class CaptureRule:
         return self.compute(ids)
 
 
-def _config_stand_in(record: list, config: dict) -> _StandIn:
-    return _StandIn(record, {k: v for k, v in config.items()})
-
-
 def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, text_config: dict,
                         depth: int = 0) -> CaptureRule | None:
     """The installed release's own set_eagle3_layers_to_capture of ``architecture``, run on a stand-in."""
@@ -319,16 +315,20 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
     func.decorator_list, func.returns = [], None
     for arg in func.args.posonlyargs + func.args.args + func.args.kwonlyargs:
         arg.annotation = None
+    if func.args.vararg or func.args.kwarg:
+        return None
     module = ast.fix_missing_locations(ast.Module(body=[func], type_ignores=[]))
     namespace = {"__builtins__": _SAFE_BUILTINS}
-    exec(compile(module, str(path), "exec"), namespace)  # only this method; no SGLang import
+    try:
+        exec(compile(module, str(path), "exec"), namespace)  # defines this one method; imports nothing
+    except Exception:  # a default value naming something of SGLang's: the rule cannot run alone
+        return None
     method = namespace[func.name]
     where = f"{cls.name}.set_eagle3_layers_to_capture ({path.name}, SGLang {models.version})"
 
     def compute(ids):
         record: list = []
-        attrs = {"config": _config_stand_in(record, {"num_hidden_layers": text_config.get("num_hidden_layers"),
-                                                       **config})}
+        attrs = {"config": _StandIn(record, {"num_hidden_layers": text_config.get("num_hidden_layers"), **config})}
         for attribute, inner in delegates.items():
             def forward(layer_ids, inner=inner):
                 record.append(inner(layer_ids))
@@ -372,7 +372,7 @@ def describe_points(points: list[int], num_layers: int) -> tuple[list[str], list
 def draft_layer_ids(draft: Checkpoint):
     eagle = draft.config.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    return list(ids) if ids else None
+    return list(ids) if isinstance(ids, (list, tuple)) else None
 
 
 def aux_count(draft: Checkpoint, reads_num_aux: bool) -> tuple[int, str]:
@@ -547,8 +547,8 @@ def check_layer_ids(ctx: Context) -> Check:
         if ids and -1 in ids:
             return Check("layer ids", WARN, f"eagle_aux_hidden_state_layer_ids {ids} contain -1, which SGLang does"
                          " not read as 'the last layer'; give --target to see what is captured", data)
-        return Check("layer ids", SKIP, f"layer ids {ids if ids else 'absent (the target default applies)'};"
-                     " give --target to check them", data)
+        said = ids if ids is not None else "absent (the target's default applies)"
+        return Check("layer ids", SKIP, f"layer ids {said}; give --target to check them", data)
     t = ctx.target
     L = t.get("num_hidden_layers")
     archs = t.config.get("architectures") or [None]
@@ -566,16 +566,17 @@ def check_layer_ids(ctx: Context) -> Check:
             rule.source = (f"SGLang's Llama rule (id + 1), assumed: {archs[0]} has no set_eagle3_layers_to_capture"
                            f" that runs alone in SGLang {ctx.models.version}")
     default_points = rule(None) or documented_capture_rule(L)(None)
-    points = rule(ids) if ids else default_points
+    points = rule(ids) if ids is not None else default_points
     data.update(target_layers=L, rule=rule.source, capture_indices=points, default_indices=default_points)
     if points is None:
         return Check("layer ids", FAIL, f"{rule.source} rejects layer ids {ids}", data)
     words, unreached = describe_points(points, L)
     default_words, _ = describe_points(default_points, L)
     data["captured"] = words
-    said = (f"layer ids {ids} -> " if ids else "no layer ids in the draft config: the target default"
+    said = (f"layer ids {ids} -> " if ids is not None else "no layer ids in the draft config: the target default"
             f" [2, L//2, L-3] is in force -> ")
-    summary = f"{said}captures {', '.join(words)} of {L} (rule: {rule.source})"
+    same = " (the default's)" if ids is not None and points == default_points else ""
+    summary = f"{said}captures {', '.join(words)} of {L}{same} (rule: {rule.source})"
     if unreached:
         return Check("layer ids", FAIL, f"{said}layer-loop indices {unreached} are never reached in 0..{L - 1}:"
                      f" only {len(points) - len(unreached)} of {n_aux} aux states get captured ({rule.source})",

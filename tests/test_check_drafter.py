@@ -380,6 +380,21 @@ def test_out_of_range_layer_ids(capsys, tmp_path, tokenizer_json, frequent_ids, 
     assert "[59] are never reached in 0..31" in by_name(report)["layer ids"]["reason"]
 
 
+@pytest.mark.parametrize("layer_ids, status, words", [
+    ([], "fail", "[] -> 0 captures, but the drafter's fc takes 3 aux states"),
+    ([2, 2, 30], "fail", "indices [3, 3, 31] repeat: the loop captures each layer once, so 2 states reach"),
+    ([30, 2, 58], "warn", "ids [30, 2, 58] are not ascending: SGLang concatenates the states in layer order"),
+    ([1, 29, 57], "ok", "output of layer 57 of 61 (the default's)"),
+])
+def test_layer_id_lists(capsys, tmp_path, tokenizer_json, frequent_ids, src23, layer_ids, status, words):
+    target = make_target(tmp_path / "target", tokenizer_json, arch="LlamaForCausalLM")
+    draft = make_draft(tmp_path / "draft", frequent_ids, layer_ids=layer_ids)
+    code, report = check(capsys, "--draft", draft, "--target", target, "--sglang-source", src23)
+    ids = by_name(report)["layer ids"]
+    assert (code, ids["status"]) == (int(status == "fail"), status)
+    assert words in ids["reason"]
+
+
 def test_default_layers_when_config_gives_none(capsys, tmp_path, tokenizer_json, frequent_ids, src23):
     target = make_target(tmp_path / "target", tokenizer_json, arch="LlamaForCausalLM", layers=32)
     draft = make_draft(tmp_path / "draft", frequent_ids, layer_ids=None)
