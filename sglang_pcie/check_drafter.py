@@ -65,6 +65,10 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Model folders: a local folder or a Hugging Face cache entry; config and safetensors headers only.
 
@@ -575,7 +579,7 @@ def check_layer_ids(ctx: Context) -> Check:
     data["captured"] = words
     said = (f"layer ids {ids} -> " if ids is not None else "no layer ids in the draft config: the target default"
             f" [2, L//2, L-3] is in force -> ")
-    same = " (the default's)" if ids is not None and points == default_points else ""
+    same = ", as SGLang's default does" if ids is not None and points == default_points else ""
     summary = f"{said}captures {', '.join(words)} of {L}{same} (rule: {rule.source})"
     if unreached:
         return Check("layer ids", FAIL, f"{said}layer-loop indices {unreached} are never reached in 0..{L - 1}:"
@@ -642,7 +646,7 @@ def check_mapping(ctx: Context) -> Check:
     bad = [(i, t) for i, t in enumerate(target_ids) if t < 0 or (vocab is not None and t >= vocab)]
     if bad:
         i, t = bad[0]
-        problems.append(f"{count(len(bad))} target ids out of range 0..{count(vocab - 1) if vocab else '?'}"
+        problems.append(f"{plural(len(bad), 'target id')} out of range 0..{count(vocab - 1) if vocab else '?'}"
                         f" (first: draft id {i} -> {t})")
     distinct = set(target_ids)
     if len(distinct) != len(target_ids):
@@ -652,7 +656,7 @@ def check_mapping(ctx: Context) -> Check:
                 first = (i, t)
                 break
             seen.add(t)
-        problems.append(f"{count(len(target_ids) - len(distinct))} duplicate target ids (first: draft id"
+        problems.append(f"{plural(len(target_ids) - len(distinct), 'duplicate target id')} (first: draft id"
                         f" {first[0]} -> {first[1]}, already mapped)")
     t2d_note = "no t2d (SGLang does not read it)"
     if t2d_hit is not None:

@@ -384,7 +384,7 @@ def test_out_of_range_layer_ids(capsys, tmp_path, tokenizer_json, frequent_ids, 
     ([], "fail", "[] -> 0 captures, but the drafter's fc takes 3 aux states"),
     ([2, 2, 30], "fail", "indices [3, 3, 31] repeat: the loop captures each layer once, so 2 states reach"),
     ([30, 2, 58], "warn", "ids [30, 2, 58] are not ascending: SGLang concatenates the states in layer order"),
-    ([1, 29, 57], "ok", "output of layer 57 of 61 (the default's)"),
+    ([1, 29, 57], "ok", "output of layer 57 of 61, as SGLang's default does"),
 ])
 def test_layer_id_lists(capsys, tmp_path, tokenizer_json, frequent_ids, src23, layer_ids, status, words):
     target = make_target(tmp_path / "target", tokenizer_json, arch="LlamaForCausalLM")
@@ -413,7 +413,7 @@ def test_duplicate_target_ids_in_d2t(capsys, tmp_path, pair, frequent_ids):
     code, report = check(capsys, "--draft", draft, "--target", target)
     mapping = by_name(report)["mapping"]
     assert code == 1 and mapping["status"] == "fail"
-    assert f"1 duplicate target ids (first: draft id 10 -> {ids[9]}, already mapped)" in mapping["reason"]
+    assert f"1 duplicate target id (first: draft id 10 -> {ids[9]}, already mapped)" in mapping["reason"]
 
 
 def test_out_of_range_target_ids_in_d2t(capsys, tmp_path, pair, frequent_ids):
@@ -423,7 +423,7 @@ def test_out_of_range_target_ids_in_d2t(capsys, tmp_path, pair, frequent_ids):
     draft = make_draft(tmp_path / "draft", ids, t2d_ids=frequent_ids)
     code, report = check(capsys, "--draft", draft, "--target", target)
     assert code == 1
-    assert (f"1 target ids out of range 0..511 (first: draft id {DRAFT_VOCAB - 1} -> {TARGET_VOCAB + 7})"
+    assert (f"1 target id out of range 0..511 (first: draft id {DRAFT_VOCAB - 1} -> {TARGET_VOCAB + 7})"
             in by_name(report)["mapping"]["reason"])
 
 
