@@ -236,8 +236,10 @@ def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
     ipc_on = bool(ipc.on and adapter is None and not kernels and world in IPC_WORLD_SIZES)
     out["paths"].append({"path": "PCIe-IPC all-reduce (FlashInfer)", "available": adapter is None and not kernels,
                          "on": ipc_on, "detail": ipc_detail})
-    profile = decision.profile if decision.profile != "none" else "NCCL defaults"
-    out["paths"].append({"path": "NCCL", "available": True, "detail": f"{profile}: {decision.reason}"})
+    values = " ".join(f"{k}={v}" for k, v in {**decision.values, **decision.user_set}.items())
+    profile = f"profile {decision.profile}" if decision.profile != "none" else "its defaults"
+    out["paths"].append({"path": "NCCL", "available": True,
+                         "detail": f"{profile}{': ' + values if values else ''} (every reduction the others leave)"})
 
     if world == 0:
         uses, why = "no all-reduce", f"no GPU visible: {topology.detail or topology.source}"
@@ -249,12 +251,11 @@ def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
     elif ipc_on:
         numel = ipc.values.get(MAX_NUMEL_VAR) or ipc.user_set.get(MAX_NUMEL_VAR) or "SGLang's decode width x hidden"
         uses = f"PCIe-IPC all-reduce for bf16 reductions up to {numel} elements, NCCL above"
-        why = f"custom all-reduce {'unknown' if eligible is None else 'not eligible'} ({ca_why}); {ipc.reason}"
+        why = f"custom all-reduce: {ca_why}; PCIe-IPC: {ipc.reason}"
     else:
         uses = "NCCL for every reduction"
         ipc_why = ipc.reason if adapter is None and not kernels else (adapter or kernels)
-        why = (f"custom all-reduce {'unknown' if eligible is None else 'not eligible'} ({ca_why});"
-               f" PCIe-IPC off ({ipc_why})")
+        why = f"custom all-reduce: {ca_why}; PCIe-IPC off: {ipc_why}"
     out["server_uses"], out["why"] = uses, why
     if world >= 2:
         out["assumes"] = f"tensor parallelism over all {world} visible GPUs"
@@ -269,5 +270,5 @@ def format_report(rep: dict) -> list[str]:
     for path in rep["paths"]:
         lines.append(f"  {path['path']}: {path['detail']}")
     assumes = f"; assumes {rep['assumes']}" if rep.get("assumes") else ""
-    lines.append(f"  a server started now uses: {rep['server_uses']} ({rep['why']}{assumes})")
+    lines.append(f"  a server started now uses: {rep['server_uses']}. Why: {rep['why']}{assumes}")
     return lines
