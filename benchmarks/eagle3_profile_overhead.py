@@ -1,36 +1,49 @@
 #!/usr/bin/env python3
 """What EAGLE3_PROFILE's timers cost: a synthetic speculative decoding loop on one GPU, run three ways.
 
-The loop has the shape of SGLang's EAGLE v2 worker under the overlap scheduler: each cycle replays three CUDA
-graphs (draft 0.89 ms, verify 18.67 ms, draft re-extend 0.28 ms of GPU time - the seed measurement), the verify
-graph also writes the accepted lengths of the batch; then the host waits for the previous cycle's result (as
-SGLang's copy_done does) and spends ~1.5 ms on host work while the GPU runs the current cycle.
+The loop has the shape of SGLang's EAGLE v2 worker under the overlap scheduler: on a side stream (SGLang's forward
+stream), each cycle replays three CUDA graphs (draft 0.89 ms, verify 18.67 ms, draft re-extend 0.28 ms of GPU time -
+the seed measurement - times --phase-scale), the verify graph also writes the accepted lengths of the batch; then,
+as SGLang's scheduler does, the result's accept_lens is copied to pinned host memory on a copy stream (copy_to_cpu,
+with a copy_done event), the host waits for the previous cycle's copy and reads it, and spends --host-ms of host work
+while the GPU runs the current cycle.  --phase-scale 0.2 --host-ms 4 makes it host-bound, like the tiny-model TP=2
+server of issue 12 (GPU busy ~60% of the cycle).
 
 Modes, interleaved, best of ``--repeats`` each:
-  off                no timers: the worker's own methods
-  eagle3-profile     the methods wrapped by sglang_pcie.eagle_profiler.wrap (the real code: CUDA events on the
-                     stream, finished cycles read a few per call, interval statistics, JSON-lines file, log line)
-  host-synchronised  the naive timer: torch.cuda.synchronize() + time.perf_counter() around every phase
+  off                          no timers: the worker's own methods
+  eagle3-profile               as shipped: sglang_pcie.eagle_profiler.wrap, every cycle counted, about 1 in
+                               sample_every timed with CUDA events (sample_every adapts to the host budget), accept
+                               length from the scheduler's host copy
+  eagle3-profile-every-cycle   every cycle timed (sample_every=1) and no scheduler host copy: the profiler's fallback
+                               (its own sum + pinned copy on timed cycles) - what full timing costs
+  host-synchronised            the naive timer: torch.cuda.synchronize() + time.perf_counter() around every phase
 
 Prints throughput and overhead against "off" for each, the host time of each forward_batch_generation call (mean,
-median, p99, max: a mean far above the median means a few slow calls), the garbage collections that ran inside
-those calls, the phase times each timer measured, and writes them as JSON to --out.
+median, p99, max), the profiler's own host time per cycle as it reports it, the phase times each timer measured, and
+checks the invariants the GPU run must hold (exit status 1 if one fails):
+  * phases on the right stream: each measured phase within 3% (or 0.03 ms) of the graph's own time;
+  * phases_sum_ms <= cycle_ms <= wall_cycle_ms * 1.02 in every record; no forced GPU wait (syncs 0);
+  * accept length exactly 1.75 (the pattern the verify graph writes): through the scheduler's host copy (exact,
+    every cycle) and through the profiler's own pinned copy (timed cycles);
+  * a cycle run while a CUDA graph is being captured records nothing and leaves the profiler on.
+Writes everything as JSON to --out.
 
---host-profile then runs eagle3-profile once more per variant - the profiler as it is, and its old hot path
-(Event.record() looking up torch.cuda.current_stream() per mark, cycles read only in batches of 64) - with the
+--host-profile then runs eagle3-profile once more per variant - as shipped, and every cycle timed - with the
 profiler's methods timed one by one (perf_counter around each: calls per cycle, us per cycle, worst call), and
 once under cProfile (the functions taking the most host time per cycle, C calls such as Event.record included).
 
 Needs only torch and a CUDA GPU (about 2 minutes on an H200, 30 s more with --host-profile).  --dry-run checks the
-script's logic without a GPU (host spins instead of kernels; figures meaningless).
+script's logic without a GPU (host spins instead of kernels; timing figures meaningless, timing checks skipped).
 
-usage: python3 benchmarks/eagle3_profile_overhead.py [--cycles 300] [--repeats 3] [--out FILE] [--host-profile]
-                                                     [--dry-run]
+usage: python3 benchmarks/eagle3_profile_overhead.py [--cycles 300] [--repeats 3] [--phase-scale 1.0] [--host-ms 1.5]
+                                                     [--out FILE] [--host-profile] [--dry-run]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import functools
 import gc
 import json
 import logging
@@ -51,7 +64,10 @@ TARGET_MS = {"draft": 0.89, "verify": 18.67, "draft_extend": 0.28}
 KERNELS = {"draft": 5, "verify": 61, "draft_extend": 2}  # a graph is several kernels, as a model's layers
 METHODS = (("forward_batch_generation", "cycle"), ("draft", "draft"), ("verify", "verify"),
            ("draft_extend", "draft_extend"))
-MODES = ("off", "eagle3-profile", "host-synchronised")
+MODES = ("off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised")
+PROFILED = ("eagle3-profile", "eagle3-profile-every-cycle")
+SCHEDULER_HOST_COPY = {"off": True, "eagle3-profile": True, "eagle3-profile-every-cycle": False,
+                       "host-synchronised": True}
 BATCH_SIZE = 4
 ACCEPT_LENS = [2, 1, 2, 2]  # tokens per request per cycle (accept length 1.75)
 
@@ -112,7 +128,7 @@ def worker_class(mode, sink, synchronize):
     attrs = {}
     for name, phase in METHODS:
         function = SyntheticWorker.__dict__[name]
-        if mode == "eagle3-profile":
+        if mode in PROFILED:
             attrs[name] = ep.wrap(function, phase)
         elif mode == "host-synchronised":
             attrs[name] = host_synchronised(function, phase, sink, synchronize)
@@ -122,14 +138,17 @@ def worker_class(mode, sink, synchronize):
 class Gpu:
     """The GPU side: spin kernels of calibrated length, captured in one CUDA graph per phase."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, scale=1.0):
         self.torch = torch
+        self.forward_stream = torch.cuda.Stream()  # SGLang launches its cycles on a stream of its own
+        self.copy_stream = torch.cuda.Stream()
         self.cycles_per_ms = self._calibrate()
         self.accept_lens = torch.zeros(BATCH_SIZE, dtype=torch.int32, device="cuda")
         self.pattern = torch.tensor(ACCEPT_LENS, dtype=torch.int32, device="cuda")
         self.graphs = {}
         self.measured_ms = {}
         for phase, target in TARGET_MS.items():
+            target *= scale
             cycles = int(target * self.cycles_per_ms / KERNELS[phase])
             measured = self._capture(phase, cycles)
             # clocks drift from the calibration run: correct once so the graphs match the seed durations
@@ -178,20 +197,79 @@ class Gpu:
     def phases(self):
         return {phase: graph.replay for phase, graph in self.graphs.items()}
 
-    def old_hot_path_clock(self):
-        """The profiler's clock as first written: Event.record() looks the current stream up at every mark."""
-        class OldClock(ep.CudaClock):
-            def record(self, marks, index):
-                marks[index].record()
-        return OldClock(self.torch, ep.DRAIN_BATCH + ep.DRAIN_LAG + 1)
+    def forward_context(self):
+        return self.torch.cuda.stream(self.forward_stream)
+
+    def copy_to_host(self, result):
+        """SGLang's GenerationBatchResult.copy_to_cpu under the overlap scheduler: accept_lens to pinned memory on
+        the copy stream, after the forward stream's work; copy_done marks it."""
+        torch = self.torch
+        self.copy_stream.wait_stream(self.forward_stream)
+        with torch.cuda.stream(self.copy_stream):
+            host = torch.empty(result.accept_lens.shape, dtype=result.accept_lens.dtype, pin_memory=True)
+            host.copy_(result.accept_lens, non_blocking=True)
+            result.accept_lens = host
+            result.copy_done = torch.cuda.Event()
+            result.copy_done.record()
 
     def done_marker(self):
         event = self.torch.cuda.Event()
         event.record()
         return event
 
+    def capture_check(self):
+        """A profiled cycle run while a CUDA graph is being captured: it must record nothing (an event with timing
+        on a capturing stream would break the capture) and leave the profiler on."""
+        torch = self.torch
+        x = torch.zeros(16, device="cuda")
+        lens = torch.ones(2, dtype=torch.int32, device="cuda")
+
+        def bump():
+            x.add_(1)
+        worker = worker_class("eagle3-profile", {}, self.synchronize)(
+            {"draft": bump, "verify": bump, "draft_extend": bump}, lens)
+        profiler = ep.Profiler(interval=1000, sample_every=1)
+        ep.set_profiler(profiler)
+        batch = types.SimpleNamespace(forward_mode=DecodeMode(), is_extend_in_batch=False)
+        try:
+            worker.forward_batch_generation(batch)  # bind, outside the capture
+            recorded_before = profiler.stats.host_timed_ns
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            error = None
+            try:
+                with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+                    worker.forward_batch_generation(batch)
+                graph.replay()
+                torch.cuda.synchronize()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            timed_in_capture = profiler.stats.series["cycle"].count + len(profiler._pending) - 1
+            return {"capture_ok": error is None, "error": error, "profiler_active": profiler.active,
+                    "timed_during_capture": max(0, timed_in_capture), "host_timed_ns_before": recorded_before}
+        finally:
+            ep.set_profiler(None)
+
     def synchronize(self):
         self.torch.cuda.synchronize()
+
+
+class DryAcceptLens(list):
+    """--dry-run: accept_lens 'on the device' (is_cuda True): the profiler may only stage it, never read it."""
+
+    is_cuda = True
+    shape = property(lambda self: (len(self),))
+
+    def sum(self, dtype=None):
+        return sum(self)
+
+
+class DryHostCopy(list):
+    is_cuda = False
+
+    def tolist(self):
+        return list(self)
 
 
 class HostOnly:
@@ -199,18 +277,25 @@ class HostOnly:
 
     scale = 0.05
 
-    def __init__(self):
-        self.accept_lens = types.SimpleNamespace(shape=(BATCH_SIZE,), sum=lambda: sum(ACCEPT_LENS))
-        self.measured_ms = {phase: ms * self.scale for phase, ms in TARGET_MS.items()}
+    def __init__(self, scale=1.0):
+        self.accept_lens = DryAcceptLens(ACCEPT_LENS)
+        self.measured_ms = {phase: ms * self.scale * scale for phase, ms in TARGET_MS.items()}
 
     def phases(self):
         return {phase: (lambda ms=ms: spin(ms / 1e3)) for phase, ms in self.measured_ms.items()}
 
-    def old_hot_path_clock(self):
-        return ep.HostClock()
+    def forward_context(self):
+        return contextlib.nullcontext()
+
+    def copy_to_host(self, result):
+        result.accept_lens = DryHostCopy(result.accept_lens)
+        result.copy_done = types.SimpleNamespace(query=lambda: True, synchronize=lambda: None)
 
     def done_marker(self):
         return types.SimpleNamespace(synchronize=lambda: None)
+
+    def capture_check(self):
+        return None
 
     def synchronize(self):
         pass
@@ -245,47 +330,60 @@ class GcInCalls:
             self._start = None
 
 
+def make_profiler(mode, profile_file):
+    if mode == "eagle3-profile":
+        return ep.Profiler(interval=200, path=profile_file)  # as shipped: sample_every adapts
+    return ep.Profiler(interval=200, path=profile_file, sample_every=1)
+
+
 def run_once(mode, device, cycles, warmup, host_ms, profile_file, profiler=None, call_profile=None,
              method_us=None):
-    """One run of ``cycles`` timed cycles.  ``profiler``: the one eagle3-profile uses (default: as configured);
+    """One run of ``cycles`` timed cycles.  ``profiler``: the one a profiled mode uses (default: as configured);
     ``call_profile``: a cProfile.Profile enabled around each timed forward_batch_generation call only;
     ``method_us``: ``time_methods``'s lists, emptied when the timed cycles start."""
     sink = {}
     cls = worker_class(mode, sink, device.synchronize)
     worker = cls(device.phases(), device.accept_lens)
     batch = types.SimpleNamespace(forward_mode=DecodeMode(), is_extend_in_batch=False)
-    if mode == "eagle3-profile" and profiler is None:
-        profiler = ep.Profiler(interval=200, path=profile_file)
+    if mode in PROFILED and profiler is None:
+        profiler = make_profiler(mode, profile_file)
     ep.set_profiler(profiler)
+    host_copy = SCHEDULER_HOST_COPY[mode]
     call_us = []
     gc_in_calls = GcInCalls()
     gc.callbacks.append(gc_in_calls)
     previous = None
-    for index in range(warmup + cycles):
-        timed = index >= warmup
-        if index == warmup:
-            device.synchronize()
-            sink.clear()
-            for durations in (method_us or {}).values():
-                durations.clear()
-            started = time.perf_counter()
-        if timed and call_profile is not None:
-            call_profile.enable()
-        gc_in_calls.in_call = timed
-        call_start = time.perf_counter()
-        result = worker.forward_batch_generation(batch)
-        call_end = time.perf_counter()
-        gc_in_calls.in_call = False
-        if timed and call_profile is not None:
-            call_profile.disable()
-        if timed:
-            call_us.append((call_end - call_start) * 1e6)
-        result.done = device.done_marker()
-        if previous is not None:
-            previous.done.synchronize()  # the scheduler processes the previous cycle's output
-        spin(host_ms / 1e3)
-        previous = result
-    device.synchronize()
+    with device.forward_context():
+        for index in range(warmup + cycles):
+            timed = index >= warmup
+            if index == warmup:
+                device.synchronize()
+                sink.clear()
+                for durations in (method_us or {}).values():
+                    durations.clear()
+                started = time.perf_counter()
+            if timed and call_profile is not None:
+                call_profile.enable()
+            gc_in_calls.in_call = timed
+            call_start = time.perf_counter()
+            result = worker.forward_batch_generation(batch)
+            call_end = time.perf_counter()
+            gc_in_calls.in_call = False
+            if timed and call_profile is not None:
+                call_profile.disable()
+            if timed:
+                call_us.append((call_end - call_start) * 1e6)
+            result.done = device.done_marker()
+            if host_copy:
+                device.copy_to_host(result)
+            if previous is not None:  # the scheduler processes the previous cycle's output
+                previous.done.synchronize()
+                if host_copy:
+                    previous.copy_done.synchronize()
+                    previous.accept_lens.tolist()
+            spin(host_ms / 1e3)
+            previous = result
+        device.synchronize()
     elapsed = time.perf_counter() - started
     gc.callbacks.remove(gc_in_calls)
     run = {"seconds": elapsed, "host_call_us": statistics.fmean(call_us), "call_us": call_us,
@@ -298,15 +396,57 @@ def run_once(mode, device, cycles, warmup, host_ms, profile_file, profiler=None,
             raise SystemExit("eagle3_profile_overhead: the profiler stopped itself (see its warning above)")
         profiler.flush()
         records = [r for r in profiler.records if r["decode_cycles"]]
-        total = sum(r["decode_cycles"] for r in records)
-        run["measured_phase_ms"] = {name: sum(r["phases_ms"][name]["mean"] * r["decode_cycles"] for r in records)
-                                    / total for name in ep.REPORTED}
+        timed_total = sum(r["timed_cycles"] for r in records)
+        run["records"] = records
+        run["measured_phase_ms"] = {name: sum((r["phases_ms"][name]["mean"] or 0) * r["timed_cycles"]
+                                              for r in records) / timed_total for name in ep.REPORTED} \
+            if timed_total else {}
+        run["timed_cycles"] = timed_total
         run["syncs"] = sum(r["syncs"] for r in records)
-        run["accept_length"] = records[-1]["accept_length"]
+        tokens, requests = sum(r["tokens"] for r in records), sum(r["decode_requests"] for r in records)
+        run["accept_length"] = tokens / requests if requests else None
+        run["accept_length_exact"] = all(r["accept_length_exact"] for r in records)
+        all_cycles = sum(r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"] for r in records)
+        run["profiler_host_us_per_cycle"] = sum((r["profiler_host_us_per_cycle"] or 0) * (
+            r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"]) for r in records) / all_cycles
+        run["sample_every"] = [r["sample_every"] for r in records]
+        run["gpu_busy"] = records[-1]["gpu_busy"]
     elif sink:
         run["measured_phase_ms"] = {phase: statistics.fmean(values) for phase, values in sink.items()}
     ep.set_profiler(None)
     return run
+
+
+def check_invariants(results, runs, device_ms, capture, dry_run) -> list:
+    """(name, ok or None when skipped, detail) for each invariant the GPU run asserts."""
+    checks = []
+    for mode in PROFILED:
+        best = results[mode]
+        records = [record for run in runs[mode] for record in run["records"]]
+        checks.append((f"{mode}: accept length 1.75", best["accept_length"] == sum(ACCEPT_LENS) / BATCH_SIZE,
+                       f"{best['accept_length']}"))
+        expect_exact = SCHEDULER_HOST_COPY[mode]
+        checks.append((f"{mode}: accept length {'exact (scheduler host copy)' if expect_exact else 'sampled (own pinned copy)'}",
+                       best["accept_length_exact"] == expect_exact, f"accept_length_exact={best['accept_length_exact']}"))
+        checks.append((f"{mode}: no forced GPU wait", all(r["syncs"] == 0 for r in records),
+                       f"syncs {[r['syncs'] for r in records]}"))
+        bad = [r for r in records if r["timed_cycles"] and not (
+            r["phases_sum_ms"] <= r["cycle_ms"] * (1 + 1e-9) and r["cycle_ms"] <= r["wall_cycle_ms"] * 1.02)]
+        checks.append((f"{mode}: phases <= cycle <= wall in every record", None if dry_run else not bad,
+                       f"{len(bad)} of {len(records)} records break it" if bad else f"{len(records)} records"))
+        measured = best.get("measured_phase_ms") or {}
+        off = {p: (measured.get(p), ms) for p, ms in device_ms.items()
+               if measured.get(p) is None or abs(measured[p] - ms) > max(0.03 * ms, 0.03)}
+        checks.append((f"{mode}: phases on the right stream (within 3% / 0.03 ms of the graphs)",
+                       None if dry_run else not off,
+                       "; ".join(f"{p} measured {m} vs graph {g:.3f}" for p, (m, g) in off.items()) or "ok"))
+    if capture is not None:
+        checks.append(("a cycle during CUDA-graph capture records nothing",
+                       capture["capture_ok"] and capture["profiler_active"] and not capture["timed_during_capture"],
+                       json.dumps(capture)))
+    else:
+        checks.append(("a cycle during CUDA-graph capture records nothing", None, "no GPU"))
+    return checks
 
 
 def distribution(values) -> dict:
@@ -318,8 +458,8 @@ def distribution(values) -> dict:
 
 # The profiler's methods timed one by one; inclusive (end_cycle includes _read_finished and _drain, which include
 # _take, which includes _report).
-TIMED_METHODS = ("begin_cycle", "begin_phase", "end_phase", "end_cycle", "_count_tokens", "_read_finished",
-                 "_drain", "_take", "_report")
+TIMED_METHODS = ("begin_cycle", "begin_phase", "end_phase", "end_cycle", "_count_tokens", "_collect_stash",
+                 "_sum_copies", "_read_finished", "_drain", "_take", "_report")
 
 
 def time_methods(profiler) -> dict:
@@ -351,20 +491,16 @@ def top_functions(profile, cycles, count=20) -> list:
 
 
 def host_profile(device, cycles, warmup, host_ms, profile_file) -> dict:
-    variants = {
-        "current": lambda: ep.Profiler(interval=200, path=profile_file),
-        "old hot path": lambda: ep.Profiler(interval=200, path=profile_file, clock=device.old_hot_path_clock(),
-                                            read_per_call=0),
-    }
     results = {}
-    for variant, make in variants.items():
+    for variant in PROFILED:
+        make = functools.partial(make_profiler, variant, profile_file)
         profiler = make()
-        run = run_once("eagle3-profile", device, cycles, warmup, host_ms, profile_file, profiler=profiler,
+        run = run_once(variant, device, cycles, warmup, host_ms, profile_file, profiler=profiler,
                        method_us=time_methods(profiler))
         methods = {name: {"calls_per_cycle": len(values) / cycles, "us_per_cycle": sum(values) / cycles,
                           "max_us": max(values, default=0.0)} for name, values in run["method_us"].items()}
         call_profile = cProfile.Profile()
-        run_once("eagle3-profile", device, cycles, warmup, host_ms, profile_file, profiler=make(),
+        run_once(variant, device, cycles, warmup, host_ms, profile_file, profiler=make(),
                  call_profile=call_profile)
         results[variant] = {"call_us": distribution(run["call_us"]), "gc_in_calls": run["gc_in_calls"],
                             "methods": methods, "cprofile_top": top_functions(call_profile, cycles)}
@@ -374,7 +510,7 @@ def host_profile(device, cycles, warmup, host_ms, profile_file) -> dict:
 def print_host_profile(results) -> None:
     for variant, result in results.items():
         d = result["call_us"]
-        print(f"\nhost profile, eagle3-profile, {variant}: us per forward_batch_generation call: mean {d['mean']:.1f}"
+        print(f"\nhost profile, {variant}: us per forward_batch_generation call: mean {d['mean']:.1f}"
               f"  median {d['median']:.1f}  p90 {d['p90']:.1f}  p99 {d['p99']:.1f}  max {d['max']:.1f}"
               f"  calls > 1 ms: {d['calls_over_1ms']}")
         print(f"  garbage collections inside the calls (gen 0/1/2): "
@@ -393,9 +529,11 @@ def print_host_profile(results) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=300, help="timed cycles per run (default 300)")
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed cycles before each run (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode; the best counts (default 3)")
     parser.add_argument("--host-ms", type=float, default=1.5, help="host work per cycle in ms (default 1.5)")
+    parser.add_argument("--phase-scale", type=float, default=1.0,
+                        help="scale the phases' GPU times (default 1.0; 0.2 with --host-ms 4: host-bound)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--host-profile", action="store_true",
                         help="then break eagle3-profile's host time down by profiler method and under cProfile")
@@ -404,11 +542,14 @@ def main(argv=None) -> int:
     for name in ("cycles", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} must be at least 1")
+    if not args.phase_scale > 0:
+        parser.error(f"--phase-scale {args.phase_scale} must be positive")
 
     meta = {"dry_run": args.dry_run, "cycles": args.cycles, "repeats": args.repeats, "host_ms": args.host_ms,
-            "target_ms": TARGET_MS, "batch_size": BATCH_SIZE, "accept_lens": ACCEPT_LENS}
+            "phase_scale": args.phase_scale, "target_ms": {p: ms * args.phase_scale for p, ms in TARGET_MS.items()},
+            "batch_size": BATCH_SIZE, "accept_lens": ACCEPT_LENS}
     if args.dry_run:
-        device = HostOnly()
+        device = HostOnly(args.phase_scale)
         meta["host_ms"] = args.host_ms * HostOnly.scale
         meta["device"] = "none (dry run: host spins at 1/20 scale)"
     else:
@@ -417,7 +558,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("eagle3_profile_overhead: no CUDA GPU here; use --dry-run to check the script", file=sys.stderr)
             return 2
-        device = Gpu(torch)
+        device = Gpu(torch, args.phase_scale)
         meta["device"] = torch.cuda.get_device_name()
         meta["torch"] = torch.__version__
         meta["spin_cycles_per_ms"] = device.cycles_per_ms
@@ -436,7 +577,7 @@ def main(argv=None) -> int:
             for mode in MODES:
                 run = run_once(mode, device, args.cycles, args.warmup, meta["host_ms"], profile_file)
                 runs[mode].append(run)
-                print(f"  run {repeat + 1}/{args.repeats} {mode:<18} {args.cycles / run['seconds']:8.2f} cycles/s",
+                print(f"  run {repeat + 1}/{args.repeats} {mode:<27} {args.cycles / run['seconds']:8.2f} cycles/s",
                       flush=True)
         json_lines = sum(1 for _ in open(profile_file)) if os.path.exists(profile_file) else 0
 
@@ -454,14 +595,18 @@ def main(argv=None) -> int:
             "host_call_us": statistics.fmean(r["host_call_us"] for r in runs[mode]),
             "host_call_us_distribution": distribution([us for r in runs[mode] for us in r["call_us"]]),
             "gc_in_calls": [r["gc_in_calls"] for r in runs[mode]]}
-        for key in ("measured_phase_ms", "syncs", "accept_length"):
+        for key in ("measured_phase_ms", "syncs", "accept_length", "accept_length_exact", "timed_cycles",
+                    "profiler_host_us_per_cycle", "sample_every", "gpu_busy"):
             if key in best:
                 results[mode][key] = best[key]
+    capture = device.capture_check()
+    checks = check_invariants(results, runs, device.measured_ms, capture, args.dry_run)
     report = {**meta, "modes": results, "profile_json_lines": json_lines, "profile_log_lines": len(log.lines),
               "last_profile_log_line": log.lines[-1] if log.lines else None,
-              "goal_overhead_pct": 1.0, "goal_met": results["eagle3-profile"]["overhead_pct"] <= 1.0}
+              "goal_overhead_pct": 1.0, "goal_met": results["eagle3-profile"]["overhead_pct"] <= 1.0,
+              "invariants": [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]}
 
-    print(f"\n{'mode':<18}{'cycles/s':>10}{'tokens/s':>10}{'cycle ms':>10}{'overhead':>10}"
+    print(f"\n{'mode':<27}{'cycles/s':>10}{'tokens/s':>10}{'cycle ms':>10}{'overhead':>10}"
           f"{'host us/call: mean':>20}{'median':>8}{'p99':>8}{'max':>8}"
           "   measured draft / verify / re-extend / cycle ms")
     for mode, r in results.items():
@@ -469,7 +614,7 @@ def main(argv=None) -> int:
         figures = (" / ".join(f"{measured[p]:.3f}" for p in ("draft", "verify", "draft_extend", "cycle")
                               if p in measured) if measured else "-")
         d = r["host_call_us_distribution"]
-        print(f"{mode:<18}{r['cycles_per_s']:10.2f}{r['tokens_per_s']:10.1f}{r['cycle_ms']:10.3f}"
+        print(f"{mode:<27}{r['cycles_per_s']:10.2f}{r['tokens_per_s']:10.1f}{r['cycle_ms']:10.3f}"
               f"{r['overhead_pct']:9.2f}%{r['host_call_us']:20.1f}{d['median']:8.1f}{d['p99']:8.1f}{d['max']:8.0f}"
               f"   {figures}")
     for mode, r in results.items():
@@ -477,18 +622,30 @@ def main(argv=None) -> int:
         print(f"{mode}: garbage collections inside the calls over {args.repeats} runs (gen 0/1/2):"
               f" {'/'.join(map(str, collections))},"
               f" {statistics.fmean(run['us_per_cycle'] for run in r['gc_in_calls']):.1f} us per cycle")
+    for mode in PROFILED:
+        r = results[mode]
+        print(f"{mode}: {r['timed_cycles']} of {args.cycles} cycles timed (sample_every {r['sample_every']}),"
+              f" profiler host time {r['profiler_host_us_per_cycle']:.1f} us per cycle as it reports it,"
+              f" GPU busy {_pct(r.get('gpu_busy'))}, accept length {r['accept_length']}")
     print(f"eagle3-profile: forced GPU waits {results['eagle3-profile'].get('syncs')}, "
           f"{report['profile_log_lines']} log lines, {json_lines} JSON lines; goal <= 1% overhead: "
           f"{'met' if report['goal_met'] else 'NOT met'}", flush=True)
+    print("invariants:")
+    for name, ok, detail in checks:
+        print(f"  {'skipped' if ok is None else 'ok     ' if ok else 'FAILED '} {name}: {detail}")
     if args.host_profile:
         with tempfile.TemporaryDirectory() as scratch:
             report["host_profile"] = host_profile(device, args.cycles, args.warmup, meta["host_ms"],
                                                   os.path.join(scratch, "host-profile.jsonl"))
         print_host_profile(report["host_profile"])
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps(ep.finite(report), indent=2, allow_nan=False) + "\n")
         print(f"wrote {args.out}")
-    return 0
+    return 1 if any(ok is False for _, ok, _ in checks) else 0
+
+
+def _pct(value):
+    return "n/a" if value is None else f"{value * 100:.0f}%"
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ What it costs, and why the figures stay honest:
   Phase means and percentiles are therefore over the timed cycles (the record says how many); the counts, the
   tokens, the accept length and the wall-clock figures are over every cycle.
 * **Accept length exact, without a kernel.**  SGLang itself copies each v2 cycle's ``accept_lens`` into pinned host
-  memory right after the cycle (``copy_to_cpu``) and reads it before it launches the cycle after next.  The profiler
-  picks up that host copy one cycle later and sums it ``TOKEN_LAG`` cycles later, once its ``copy_done`` event has
-  passed: no kernel, no copy and no wait of its own.  Only where SGLang does not copy (the synthetic benchmark,
-  a future scheduler) does it fall back to summing on the stream and copying into its own pinned slot, on the timed
-  cycles only; the record then says ``accept_length_exact: false``.  v1 cycles report per-request host lists.
+  memory right after the cycle (``copy_to_cpu``, on its copy stream, with a ``copy_done`` event).  The profiler picks
+  up that host copy at the end of the next cycle and sums ``TOKEN_BATCH`` of them at once (one concatenation, one
+  sum), once the newest one's ``copy_done`` has passed: no kernel, no copy and no wait of its own.  Only where SGLang
+  does not copy (the synthetic benchmark, a future scheduler) does it fall back to summing on the stream and copying
+  into its own pinned slot, on the timed cycles only; the record then says ``accept_length_exact: false``.  v1
+  cycles report per-request host lists.
 * **GPU time on the current stream.**  On a timed cycle every phase boundary is a ``torch.cuda.Event`` recorded on
   the stream current at that moment, the stream the worker launches that phase on (SGLang's forward stream under
   the overlap scheduler).  Events sit outside any CUDA graph: they bracket the replay on the stream.  Nothing is
@@ -56,6 +57,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -77,7 +79,7 @@ DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finish
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
 MAX_SPANS = 6  # phase calls timed per cycle (pipeline-parallel tail drafting calls draft twice)
 RESERVOIR = 4096  # samples kept per series per interval for p50/p90
-TOKEN_LAG = 2  # cycles after which SGLang's scheduler has read (so waited for) a result's host copy of accept_lens
+TOKEN_BATCH = 32  # SGLang's host copies of accept_lens summed together, once the newest one's copy_done has passed
 SAMPLE_START = 16  # about one decode cycle in this many is timed in the first interval
 SAMPLE_MAX = 64
 HOST_BUDGET = 0.002  # sampling aims at profiler host time <= this share of the wall-clock decode cycle
@@ -587,7 +589,9 @@ class Profiler:
         self._last_decode_start = None  # perf_counter_ns at the start of the previous cycle, if it was a decode cycle
         self._stash = None  # the last decode cycle's result, until SGLang has made its host copy of accept_lens
         self._token_mode = None  # "sglang": SGLang's host copy is read; "own": timed cycles stage their own
-        self._token_queue = deque()  # (cycle number, host accept_lens, copy_done event, stats, batch size, timed)
+        self._copies = []  # SGLang's host copies of accept_lens, not summed yet
+        self._copy_meta = []  # (stats, batch size, timed, copy_done event) of each
+        self._host_ns = self._host_timed_ns = 0  # the profiler's own host time in the open interval (see _close)
         self.stats = IntervalStats()
         self._closing = deque()  # intervals complete in count, waiting for their timed cycles / tokens
         self.records = deque(maxlen=16)  # the last intervals' records, for inspection
@@ -670,9 +674,9 @@ class Profiler:
             return None
         finally:
             spent = _now() - start
-            self.stats.host_ns += spent
+            self._host_ns += spent
             if timed:
-                self.stats.host_timed_ns += spent
+                self._host_timed_ns += spent
 
     def end_cycle(self, token, result):
         start = _now()
@@ -696,8 +700,8 @@ class Profiler:
             if slot is not None:
                 self._pending.append(slot)
                 timed_ns = _now() - start
-            if self._token_queue:
-                self._read_tokens(wait=None)
+            if len(self._copies) >= TOKEN_BATCH or (self._closing and self._copies):
+                self._sum_copies(wait=None)
             if self._pending:
                 read_start = _now()
                 read = self._read_finished(self.read_per_call)
@@ -713,8 +717,8 @@ class Profiler:
         except Exception as exc:
             self._fail(exc)
         finally:
-            self.stats.host_ns += _now() - start
-            self.stats.host_timed_ns += timed_ns
+            self._host_ns += _now() - start
+            self._host_timed_ns += timed_ns
 
     def abort_cycle(self, token):
         self._in_cycle = False
@@ -739,8 +743,8 @@ class Profiler:
             return None
         finally:
             spent = _now() - start
-            self.stats.host_ns += spent
-            self.stats.host_timed_ns += spent
+            self._host_ns += spent
+            self._host_timed_ns += spent
 
     def end_phase(self, span):
         start = _now()
@@ -752,8 +756,8 @@ class Profiler:
             self._fail(exc)
         finally:
             spent = _now() - start
-            self.stats.host_ns += spent
-            self.stats.host_timed_ns += spent
+            self._host_ns += spent
+            self._host_timed_ns += spent
 
     def _fail(self, exc):
         self.active = False
@@ -800,38 +804,51 @@ class Profiler:
         copied = getattr(result, "accept_lens", None)
         if copied is not device_lens and copied is not None and getattr(copied, "is_cuda", True) is False:
             self._token_mode = "sglang"
-            self._token_queue.append((self._cycle_no, copied, getattr(result, "copy_done", None), stats,
-                                      batch_size, timed))
+            self._copies.append(copied)
+            self._copy_meta.append((stats, batch_size, timed, getattr(result, "copy_done", None)))
             return
         # No host copy: this cycle's tokens stay unknown; from now on timed cycles stage their own.
         self._token_mode = "own"
         stats.outstanding -= 1
 
-    def _read_tokens(self, wait):
-        """Sum the queued host copies SGLang has finished; ``wait``: None (normal: only those TOKEN_LAG cycles old,
-        whose copy_done has passed), True (wait for the copy), False (at exit: drop those not finished)."""
-        queue = self._token_queue
-        while queue:
-            cycle_no, lens, copy_done, stats, batch_size, timed = queue[0]
-            if wait is None and self._cycle_no - cycle_no < TOKEN_LAG:
+    def _sum_copies(self, wait):
+        """Sum the collected host copies, all at once, once SGLang's copies have landed: they run in order on one
+        stream, so the newest one's copy_done stands for all.  ``wait``: None (normal: try again after a later
+        cycle if it has not passed), True (wait for it), False (at exit: drop the copies not finished)."""
+        copies, meta = self._copies, self._copy_meta
+        newest = meta[-1][3]
+        if newest is not None and not newest.query():
+            if wait is None:
                 return
-            done = copy_done is None or not hasattr(copy_done, "query") or copy_done.query()
-            if not done:
-                if wait is None:
+            if wait:
+                newest.synchronize()
+            else:
+                finished = [i for i, m in enumerate(meta) if m[3] is None or m[3].query()]
+                for i, (stats, _, _, _) in enumerate(meta):
+                    if i not in finished:
+                        stats.unfinished += 1
+                        stats.outstanding -= 1
+                copies[:] = [copies[i] for i in finished]
+                meta[:] = [meta[i] for i in finished]
+                if not copies:
                     return
-                if wait:
-                    copy_done.synchronize()
-                else:
-                    queue.popleft()
-                    stats.unfinished += 1
-                    stats.outstanding -= 1
-                    continue
-            queue.popleft()
-            tokens = sum(lens.tolist())
-            stats.add_tokens(batch_size, tokens)
-            stats.outstanding -= 1
-            if timed and self.metrics and batch_size:
-                self._export(self.metrics.observe_accept, tokens / batch_size)
+        start = 0
+        while start < len(copies):  # runs of copies of one interval (all of them, but at an interval's end)
+            stats = meta[start][0]
+            end = start
+            while end < len(copies) and meta[end][0] is stats:
+                end += 1
+            stats.tokens += _host_sum(copies[start:end])
+            stats.requests += sum(m[1] for m in meta[start:end])
+            stats.token_cycles += end - start
+            stats.outstanding -= end - start
+            start = end
+        if self.metrics:  # the accept length of each timed cycle, as its own observation
+            for lens, (_, batch_size, timed, _) in zip(copies, meta):
+                if timed and batch_size:
+                    self._export(self.metrics.observe_accept, sum(lens.tolist()) / batch_size)
+        copies.clear()
+        meta.clear()
 
     # -- reading timed cycles
 
@@ -911,6 +928,9 @@ class Profiler:
     def _close(self, stats, partial=False):
         stats.partial = partial
         stats.sample_every = self.sample_every
+        # the profiler's host time from the interval's opening to its close (its late reads fall in the next one)
+        stats.host_ns, stats.host_timed_ns = self._host_ns, self._host_timed_ns
+        self._host_ns = self._host_timed_ns = 0
         self._closing.append(stats)
         if stats is self.stats:
             self.stats = IntervalStats()
@@ -960,7 +980,8 @@ class Profiler:
         self._in_cycle = False
         if self._stash is not None:
             self._collect_stash()
-        self._read_tokens(wait=wait)
+        if self._copies:
+            self._sum_copies(wait=wait)
         if wait:
             self._drain(len(self._pending))
         else:
@@ -972,6 +993,15 @@ class Profiler:
             stats.outstanding = 0
         self._report_closed()
         return self.records[-1] if len(self.records) > before else None
+
+
+def _host_sum(tensors) -> int:
+    """The sum of every element of host tensors: one concatenation and one sum for a batch of torch tensors."""
+    if len(tensors) > 1:
+        torch = sys.modules.get("torch")
+        if torch is not None and all(isinstance(t, torch.Tensor) for t in tensors):
+            return int(torch.cat([t.reshape(-1) for t in tensors]).sum())
+    return sum(sum(t.tolist()) for t in tensors)
 
 
 def _end_marks(slot):
