@@ -5,7 +5,7 @@ drafter (and of the target / a reference drafter when given): no GPU, no torch, 
 
 The SGLang facts it relies on, read off the releases' sources (0.5.9, 0.5.16, 0.5.23):
 - An EAGLE-3 drafter is loaded by a class listed in ``EntryClass`` of ``sglang/srt/models/*eagle3*.py``
-  (0.5.9: ``LlamaForCausalLMEagle3``; from 0.5.16 also ``Eagle3DeepseekV2ForCausalLM``).
+  (0.5.9: ``LlamaForCausalLMEagle3``; 0.5.16 and 0.5.23 also ``Eagle3DeepseekV2ForCausalLM``).
 - Its ``fc`` maps ``target_hidden_size`` (else ``hidden_size``) x N aux hidden states to ``hidden_size``.
   0.5.9 fixes N = 3; later releases read ``num_aux_hidden_states``, else the length of
   ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3. The architecture check reads which behaviour the
@@ -16,7 +16,7 @@ The SGLang facts it relies on, read off the releases' sources (0.5.9, 0.5.16, 0.
   (``set_embed_and_head``); otherwise only the embeddings (``set_embed``), and not even those when
   ``target_hidden_size`` differs from ``hidden_size``.
 - The target's ``set_eagle3_layers_to_capture(ids)`` fills ``layers_to_capture``: Llama-style models use
-  ``id + 1``; ``DeepseekV2/V3ForCausalLM`` (Kimi-K2, K2.5's language model) from 0.5.16 use ``id + 1`` only
+  ``id + 1``; ``DeepseekV2/V3ForCausalLM`` (Kimi-K2, K2.5's language model) in 0.5.16 and 0.5.23 use ``id + 1`` only
   when the first id is 1, else the ids unchanged; no ids gives ``[2, L // 2, L - 3]``. The layer loop captures
   index ``k`` before layer ``k`` runs, i.e. the output of layer ``k - 1``. This module runs the installed
   release's own ``set_eagle3_layers_to_capture`` on a stand-in object to learn the rule for the target class.
