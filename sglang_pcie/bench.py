@@ -36,7 +36,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -673,12 +672,17 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
     label = f"{run['index']}/{len(plan.schedule())} {run['variant']} (repeat {run['repeat']})"
     progress(f"{label}: starting on port {port}: {shlex.join(cmd)}")
     server_env = plan.environment(run)
-    record["nccl_expected"] = expected_nccl(server_env)
     try:
-        handle = open(log, "wb")
+        record["nccl_expected"] = expected_nccl(server_env)
+    except Exception as exc:  # the check is a by-product: it must not cost the measurement
+        record["nccl_expected"] = {}
+        record["nccl_expected_error"] = f"{type(exc).__name__}: {exc}"
+    handle = open(log, "wb")
+    try:
         proc = subprocess.Popen(cmd, env=server_env, stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
+        handle.close()
         record["failure"] = {"stage": "start", "message": f"cannot start {cmd[0]!r}: {exc}", "log_tail": ""}
         progress(f"{label}: FAILED to start: {exc}")
         return record
@@ -739,7 +743,10 @@ def _fmt(value, digits=1):
 
 
 def _accept_note(metrics):
-    return f", accept length {metrics['accept_length']:.2f}" if metrics.get("accept_length") else ""
+    note = f", accept length {metrics['accept_length']:.2f}" if metrics.get("accept_length") else ""
+    if metrics.get("short_outputs"):
+        note += f"; {metrics['short_outputs']} request(s) returned fewer tokens than asked (context limit?)"
+    return note
 
 
 # ---------------------------------------------------------------------------------------------------- analysis

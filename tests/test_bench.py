@@ -528,3 +528,35 @@ def test_profile_checks_math():
     assert off["failed"] == ["phases_le_cycle", "accept_within_1pct"]
     unknown = bench.profile_checks({"accept_length": None}, None)
     assert unknown["failed"] == [] and unknown["cycle_le_wall"] is None
+
+
+def test_missing_server_command_is_a_failed_start(capsys, tmp_path):
+    out = tmp_path / "out"
+    code = cli_main(["bench", *SMALL, "--repeats", "1", "--server-cmd", str(tmp_path / "no-such-server"),
+                     "--out", str(out), "--", "--model-path", "m"])
+    stdout, _ = capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    assert code == 1 and all(r["failure"]["stage"] == "start" for r in results["runs"])
+    assert "cannot start" in stdout and "no-such-server" in stdout
+
+
+def test_sigterm_to_bench_stops_the_server_tree(tmp_path):
+    import subprocess
+
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PCIE_", "EAGLE3_", "FAKE_", "NCCL_"))}
+    env.update(FAKE_START_DELAY="120", FAKE_STUBBORN_CHILD="1")  # never ready while the test runs
+    bench_proc = subprocess.Popen([sys.executable, "-m", "sglang_pcie", "bench", *SMALL, "--repeats", "1",
+                                   "--server-cmd", FAKE, "--out", str(out), "--", "--model-path", "m"],
+                                  cwd=TESTS.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    log = out / "runs" / "01-baseline" / "server.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.is_file() and "serving on" in log.read_text()):
+        time.sleep(0.2)
+    pids = [int(p) for p in re.findall(r"child pid (\d+)", log.read_text())]
+    bench_proc.send_signal(signal.SIGTERM)
+    _, err = bench_proc.communicate(timeout=60)
+    assert bench_proc.returncode == 130 and "interrupted; partial results" in err
+    assert "1/2 baseline (repeat 1): stopped 2 processes" in err and "(SIGKILL needed)" in err
+    assert len(pids) == 1 and not _alive(pids[0])
