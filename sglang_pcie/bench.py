@@ -8,8 +8,9 @@ concurrency-1 stream), then stops the whole tree and waits until no process of i
 Variants: ``baseline`` (``SGLANG_PCIE_DISABLE=1``), ``overlay``, ``profile`` (``EAGLE3_PROFILE=1``, its JSON lines
 in the run folder) and user variants ``NAME:FIELD=VALUE[;FIELD=VALUE...]`` with the fields ``env`` (``K=V``
 pairs, space-separated), ``args`` (launch arguments appended after the common ones, so they override them),
-``base`` (``baseline``, ``overlay`` or ``profile``: what the variant starts from; ``overlay`` by default) and
-``tokens`` (``must-match`` or ``may-differ``; ``may-differ`` by default when ``args`` is given).
+``base`` (``baseline``, ``overlay`` or ``profile``: what the variant starts from; ``overlay`` by default),
+``tokens`` (``must-match`` or ``may-differ``; ``may-differ`` by default when ``args`` is given) and ``repeats``
+(K: run only in the last K repeats, e.g. one point of a sweep).
 
 Repeats are interleaved in counterbalanced order (A B C, C B A, A B C, ...); each metric is the median of the
 per-repeat ratios to ``baseline``, with their min-max spread, "within noise" when the spread crosses 1.0.
@@ -1058,7 +1059,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Variants: baseline (SGLANG_PCIE_DISABLE=1), overlay, profile (EAGLE3_PROFILE=1), or"
                " NAME:FIELD=VALUE[;FIELD=VALUE...] with FIELD env ('K=V K2=V2'), args (launch arguments added"
                " after the common ones), base (baseline|overlay|profile, default overlay), tokens"
-               " (must-match|may-differ). Example: --variant 'steps2:args=--speculative-num-steps 2"
+               " (must-match|may-differ), repeats (K: only in the last K repeats). Example: --variant 'steps2:args=--speculative-num-steps 2"
                " --speculative-num-draft-tokens 3' --variant nccl-pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie")
     p.add_argument("--variant", action="append", default=[], metavar="SPEC",
                    help="a variant to run (repeatable; default: baseline and overlay; baseline is always run)")
@@ -1075,7 +1076,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="a variable for every variant's server (repeatable), e.g. NCCL_DEBUG=INFO")
     p.add_argument("--out", metavar="DIR", help="results folder (default ./bench-YYYYmmdd-HHMMSS)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address the servers listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="first port to try (default 30000)")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds for /health (default 900)")
     p.add_argument("--stop-timeout", type=float, default=30.0,

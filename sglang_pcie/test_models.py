@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("heads", "attention heads"), ("kv-heads", "key/value heads"),
                             ("intermediate", "MLP size"), ("draft-vocab", "drafter vocabulary")):
         parser.add_argument(f"--{name}", type=int, help=f"{help_text} (overrides the preset)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="weights and draft vocabulary come from it (default 0)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
