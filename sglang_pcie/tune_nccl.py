@@ -341,9 +341,9 @@ def _describe_exit(code: int) -> str:
     return f"exited with {code}"
 
 
-def _last_line(path: Path) -> str:
+def _last_line(path: Path, limit: int | None = 300) -> str:
     lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    return (lines[-1][:limit] if limit else lines[-1]) if lines else ""
 
 
 def _kill(processes) -> None:
@@ -392,7 +392,7 @@ def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_com
         reports = []
         for out, _ in outputs:
             try:
-                reports.append(json.loads(_last_line(out)))
+                reports.append(json.loads(_last_line(out, limit=None)))  # whole: a report can be long
             except ValueError:
                 reports.append(None)
         failed_stderr = _last_line(outputs[failed_rank][1]) if failed_rank is not None else ""

@@ -580,3 +580,53 @@ def test_ipc_benchmark_script_tabulates_both_paths_per_hidden_size(fake_worker, 
                                                                    (32, "pcie-ipc")]
     specs = [json.loads(p.read_text())["spec"] for p in log.glob("*.json")]
     assert {s["max_numel"] for s in specs if s.get("path")} == {4 * 16, 4 * 32}
+
+
+# The real IPC worker (tune_nccl._measure_ipc) on CPU: gloo, torch.cuda stand-ins, and a FlashInfer workspace
+# stand-in that enforces the collective contract of PcieIpcAllReduceWorkspace (tests/ipc_fake_worker.py).
+
+IPC_SPEC = {"backend": "nccl", "path": "pcie-ipc", "tokens": [1, 2, 4], "hidden": 16, "dtype": "bf16",
+            "allreduces": 3, "tune": True, "max_numel": 4 * 16, "tune_batches": [1, 2, 4]}
+
+
+def run_fake_ipc(torch_python, spec, env=None):
+    command = [str(torch_python), str(REPO / "tests" / "ipc_fake_worker.py")]
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        return tune_nccl.run_profile({}, spec, 2, 300, command)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_ipc_worker_keeps_the_collective_contract_and_checks_sums(torch_python):
+    outcome = run_fake_ipc(torch_python, IPC_SPEC)
+    assert outcome.error is None and sorted(outcome.us) == [1, 2, 4] and all(v > 0 for v in outcome.us.values())
+    calls = [c[0] for c in outcome.info["calls"]]
+    assert calls == ["init", "tune", "prepare", "destroy"]
+    assert outcome.info["calls"][0] == ["init", 64, [1, 2, 4], "/stand-in/autotune/pcie_ipc_all_reduce_ws2.json"]
+    assert outcome.info["tuned_shapes"] == 3 and outcome.info["flashinfer"] == "0.7.2-stand-in"
+
+
+def test_ipc_worker_reports_sizes_beyond_the_workspace_as_refused(torch_python):
+    outcome = run_fake_ipc(torch_python, dict(IPC_SPEC, max_numel=2 * 16, tune=False))
+    assert outcome.error is None and outcome.us[4] is None and outcome.us[2] > 0
+    assert [c[0] for c in outcome.info["calls"]] == ["init", "prepare", "destroy"]
+
+
+def test_ipc_worker_catches_wrong_sums(torch_python):
+    outcome = run_fake_ipc(torch_python, IPC_SPEC, {"FAKE_IPC_BROKEN": "1"})
+    assert outcome.us is None and "wrong sums after eager all-reduce at 1 tokens (3 of 3 buffers)" in outcome.error
+
+
+def test_run_ipc_with_the_real_worker_measures_judges_and_tunes_for_the_servers_workspace(torch_python):
+    command = [str(torch_python), str(REPO / "tests" / "ipc_fake_worker.py")]
+    spec = {"backend": "nccl", "tokens": [1, 2, 4, 64], "hidden": 16, "dtype": "bf16", "allreduces": 3}
+    # NCCL figures that IPC (CPU gloo here: hundreds of microseconds) beats at 1 and 2 tokens, not at 4.
+    nccl_us, noise = {1: 1e6, 2: 1e6, 4: 1.0}, {1: 0.03, 2: 0.03, 4: 0.03}
+    result = tune_nccl.run_ipc(spec, 2, [1, 2, 4], nccl_us, noise, 300, command)
+    assert result["wins"] == {"1": True, "2": True, "4": False} and result["max_tokens"] == 2
+    assert result["max_numel"] == 32 and result["tuned_max_numel"] == 32 and len(result["runs"]) == 2
+    assert result["tune_cache"] == "/stand-in/autotune/pcie_ipc_all_reduce_ws2.json" and "error" not in result
+    assert result["verdict"] == "the PCIe-IPC all-reduce beats NCCL at every measured size up to 2 tok (not at 4 tok)"
