@@ -59,6 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
 
 from sglang_pcie import eagle_profiler as ep  # noqa: E402
+from sglang_pcie import profile_report  # noqa: E402
 
 TARGET_MS = {"draft": 0.89, "verify": 18.67, "draft_extend": 0.28}
 KERNELS = {"draft": 5, "verify": 61, "draft_extend": 2}  # a graph is several kernels, as a model's layers
@@ -402,6 +403,7 @@ def run_once(mode, device, cycles, warmup, host_ms, profile_file, profiler=None,
                                               for r in records) / timed_total for name in ep.REPORTED} \
             if timed_total else {}
         run["timed_cycles"] = timed_total
+        run["decode_cycles"] = sum(r["decode_cycles"] for r in records)  # warm-up cycles included
         run["syncs"] = sum(r["syncs"] for r in records)
         tokens, requests = sum(r["tokens"] for r in records), sum(r["decode_requests"] for r in records)
         run["accept_length"] = tokens / requests if requests else None
@@ -410,7 +412,8 @@ def run_once(mode, device, cycles, warmup, host_ms, profile_file, profiler=None,
         run["profiler_host_us_per_cycle"] = sum((r["profiler_host_us_per_cycle"] or 0) * (
             r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"]) for r in records) / all_cycles
         run["sample_every"] = [r["sample_every"] for r in records]
-        run["gpu_busy"] = records[-1]["gpu_busy"]
+        summary = profile_report.summarise([profile_report.normalise(r) for r in records])
+        run["gpu_busy"] = summary["gpu_busy"]  # the run's mean GPU cycle over its mean wall-clock cycle
     elif sink:
         run["measured_phase_ms"] = {phase: statistics.fmean(values) for phase, values in sink.items()}
     ep.set_profiler(None)
@@ -426,8 +429,9 @@ def check_invariants(results, runs, device_ms, capture, dry_run) -> list:
         checks.append((f"{mode}: accept length 1.75", best["accept_length"] == sum(ACCEPT_LENS) / BATCH_SIZE,
                        f"{best['accept_length']}"))
         expect_exact = SCHEDULER_HOST_COPY[mode]
-        checks.append((f"{mode}: accept length {'exact (scheduler host copy)' if expect_exact else 'sampled (own pinned copy)'}",
-                       best["accept_length_exact"] == expect_exact, f"accept_length_exact={best['accept_length_exact']}"))
+        path = "exact (scheduler host copy)" if expect_exact else "sampled (own pinned copy)"
+        checks.append((f"{mode}: accept length {path}", best["accept_length_exact"] == expect_exact,
+                       f"accept_length_exact={best['accept_length_exact']}"))
         checks.append((f"{mode}: no forced GPU wait", all(r["syncs"] == 0 for r in records),
                        f"syncs {[r['syncs'] for r in records]}"))
         bad = [r for r in records if r["timed_cycles"] and not (
@@ -596,7 +600,7 @@ def main(argv=None) -> int:
             "host_call_us_distribution": distribution([us for r in runs[mode] for us in r["call_us"]]),
             "gc_in_calls": [r["gc_in_calls"] for r in runs[mode]]}
         for key in ("measured_phase_ms", "syncs", "accept_length", "accept_length_exact", "timed_cycles",
-                    "profiler_host_us_per_cycle", "sample_every", "gpu_busy"):
+                    "decode_cycles", "profiler_host_us_per_cycle", "sample_every", "gpu_busy"):
             if key in best:
                 results[mode][key] = best[key]
     capture = device.capture_check()
@@ -624,7 +628,8 @@ def main(argv=None) -> int:
               f" {statistics.fmean(run['us_per_cycle'] for run in r['gc_in_calls']):.1f} us per cycle")
     for mode in PROFILED:
         r = results[mode]
-        print(f"{mode}: {r['timed_cycles']} of {args.cycles} cycles timed (sample_every {r['sample_every']}),"
+        print(f"{mode}: {r['timed_cycles']} of {r['decode_cycles']} decode cycles timed, warm-up included"
+              f" (sample_every per interval {r['sample_every']}),"
               f" profiler host time {r['profiler_host_us_per_cycle']:.1f} us per cycle as it reports it,"
               f" GPU busy {_pct(r.get('gpu_busy'))}, accept length {r['accept_length']}")
     print(f"eagle3-profile: forced GPU waits {results['eagle3-profile'].get('syncs')}, "

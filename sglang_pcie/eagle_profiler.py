@@ -17,7 +17,7 @@ What it costs, and why the figures stay honest:
   tokens, the accept length and the wall-clock figures are over every cycle.
 * **Accept length exact, without a kernel.**  SGLang itself copies each v2 cycle's ``accept_lens`` into pinned host
   memory right after the cycle (``copy_to_cpu``, on its copy stream, with a ``copy_done`` event).  The profiler picks
-  up that host copy at the end of the next cycle and sums ``TOKEN_BATCH`` of them at once (one concatenation, one
+  up that host copy at the start of the next cycle and sums ``TOKEN_BATCH`` of them at once (one concatenation, one
   sum), once the newest one's ``copy_done`` has passed: no kernel, no copy and no wait of its own.  Only where SGLang
   does not copy (the synthetic benchmark, a future scheduler) does it fall back to summing on the stream and copying
   into its own pinned slot, on the timed cycles only; the record then says ``accept_length_exact: false``.  v1
@@ -643,6 +643,8 @@ class Profiler:
                     return None
             kind = cycle_kind(args[0] if args else kwargs.get("batch", kwargs.get("model_worker_batch")))
             self._cycle_no += 1
+            if self._stash is not None:  # before this cycle allocates: the previous result is not kept alive by us
+                self._collect_stash()
             stats = self.stats
             if kind == IDLE:
                 stats.idle_cycles += 1
@@ -689,8 +691,6 @@ class Profiler:
             if slot is not None:
                 self._clock.record(slot.marks, 1)
                 self._current = None
-            if self._stash is not None:
-                self._collect_stash()
             if kind == DECODE:
                 stats.decode_cycles += 1
                 stats.wall_end = start
@@ -783,7 +783,8 @@ class Profiler:
                     slot.batch_size = batch_size
                     slot.staged = self._clock.stage_tokens(slot.index, accept_lens)
                 return
-            # SGLang replaces result.accept_lens by its host copy right after this call returns: take that.
+            # SGLang replaces result.accept_lens by its host copy right after this call returns (copy_to_cpu, in
+            # overlap and non-overlap scheduling alike): take that at the start of the next cycle.
             self._stash = (result, accept_lens, stats, batch_size, slot is not None)
             stats.outstanding += 1
             return

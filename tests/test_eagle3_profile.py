@@ -529,7 +529,8 @@ FAKE_CUDA = FakeCuda()
 
 
 def fake_torch(zeros):
-    c_api = types.SimpleNamespace(_cuda_getDevice=lambda: 0, _cuda_getCurrentStream=lambda device: FAKE_CUDA.current.key)
+    c_api = types.SimpleNamespace(_cuda_getDevice=lambda: 0,
+                                  _cuda_getCurrentStream=lambda device: FAKE_CUDA.current.key)
     return types.SimpleNamespace(cuda=FAKE_CUDA, _C=c_api, int64="int64", zeros=zeros)
 
 
@@ -694,7 +695,8 @@ def test_report_from_json_lines(tmp_path, capsys):
     assert summary["run_id"] == "20261130T100000Z-42" and summary["ranks"]["tp_rank"] == [0]
     assert profile_report.main([str(run), "--baseline-ms", "20"]) == 0
     table = capsys.readouterr().out
-    assert "verify" in table and "break-even accept length 1.25" in table and "speedup over the baseline: 1.00x" in table
+    assert "verify" in table and "break-even accept length 1.25" in table
+    assert "speedup over the baseline: 1.00x" in table
     assert "GPU busy 92%: GPU-bound" in table and "tokens/s served (wall time): 50.0" in table
 
 
@@ -748,9 +750,9 @@ def test_report_reads_schema_1_records_and_log_lines(tmp_path, capsys):
                          ("cycle", 19.85))},
           "prefill_ms": None, "tokens_per_s": 87.2, "tokens_per_s_per_request": 87.2, "wall_s": 4.0,
           "baseline_ms": None, "break_even_accept_length": None, "projected_speedup": None, "syncs": 0}
+    means = (("draft", 0.89), ("verify", 18.67), ("draft_extend", 0.28), ("other", 0.01), ("cycle", 19.85))
     line = ("sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=200 prefill_cycles=3 idle_cycles=0 | "
-            + " | ".join(f"{n} mean={m:.3f} p50={m:.3f} p90={m:.3f} ms share=n/a" for n, m in
-                         (("draft", 0.89), ("verify", 18.67), ("draft_extend", 0.28), ("other", 0.01), ("cycle", 19.85)))
+            + " | ".join(f"{n} mean={m:.3f} p50={m:.3f} p90={m:.3f} ms share=n/a" for n, m in means)
             + " | accept_len=1.73 tokens=346 | tokens/s=87.2 per_request=87.2")
     path = tmp_path / "old.txt"
     path.write_text(json.dumps(v1) + "\n" + line + "\n")
@@ -1069,7 +1071,8 @@ if PROFILING:
             function = cls.forward_batch_generation
             out["untimed"][label] = {
                 "class": cls.__name__, "timed": timed,
-                "warnings": [(e["logger"], e["level"], e["message"]) for e in captured if "is not timed" in e["message"]],
+                "warnings": [(e["logger"], e["level"], e["message"]) for e in captured
+                             if "is not timed" in e["message"]],
                 "own_method_back": function.__code__.co_filename == sys.modules[cls.__module__].__file__}
 
     # The last run stops mid-interval and is not flushed: the exit flush writes its partial interval.
