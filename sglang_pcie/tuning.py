@@ -157,15 +157,14 @@ def matching_config(topology, explicit: bool, environ: Mapping[str, str] | None 
 
     Its ``values`` may be {}: the sweep found nothing faster than NCCL's defaults, and that is a result too.
     With ``explicit`` (the user asked for ``SGLANG_PCIE_NCCL_PROFILE=tuned``) a missing or non-matching file
-    says so in one warning line. A corrupt or unreadable file is one warning line naming it, in either mode;
-    this function never raises.
+    says so in one warning line. A corrupt or unreadable file is reported by the settings check (one line naming
+    SGLANG_PCIE_TUNED_FILE, at import and in the CLI), so it is only the reason here; this function never raises.
     """
     label = "SGLANG_PCIE_NCCL_PROFILE=tuned" if explicit else "auto"
     try:
         path = config_path(environ)
         config, problem = read_config(path)
         if problem:
-            warn(f"{problem}; nothing applied from it")
             return None, f"{label}: {problem}"
         if config is None:
             reason = f"{label}: no tuned NCCL file at {path} (run sglang-pcie tune-nccl)"
