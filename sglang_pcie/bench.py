@@ -57,6 +57,10 @@ MUST_MATCH, MAY_DIFFER = "must-match", "may-differ"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # NCCL_DEBUG_SUBSYS=ENV prints e.g. "NCCL INFO NCCL_PROTO set by environment to LL" in each rank.
+# SGLang's scheduler log line every 40 decode steps (0.5.16 / 0.5.23 metrics_reporter), e.g. "Decode batch,
+# #running-req: 32, ... accept len: 1.02, ... gen throughput (token/s): 5123.45, #queue-req: 0".
+_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),(?:.*?accept len: ([\d.]+),)?"
+                          r".*?gen throughput \(token/s\): ([\d.]+)")
 _NCCL_ENV_LINE = re.compile(r"(?:\S+?:(\d+):\d+ \[\d+\] )?NCCL INFO (\w+) set by environment to (\S*)")
 
 
@@ -510,6 +514,21 @@ def nccl_env_lines(path: Path) -> tuple[dict, int]:
     return {key: sorted(values) for key, values in sorted(found.items())}, len(pids - {None})
 
 
+def server_decode_stats(log: Path, start: int, end: int, running: int) -> dict:
+    """SGLang's own decode figures logged between two offsets of the server log, from the lines with ``running``
+    requests in the batch: the issue's first measurement used their gen throughput median."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read(max(0, end - start)).decode("utf-8", "replace")
+    except OSError:
+        return {"lines": 0, "gen_tok_s_p50": None, "accept_len_mean": None}
+    found = [m for m in _DECODE_LINE.finditer(text) if int(m.group(1)) == running]
+    accepts = [float(m.group(2)) for m in found if m.group(2)]
+    return {"lines": len(found), "gen_tok_s_p50": _percentile([float(m.group(3)) for m in found], 0.5),
+            "accept_len_mean": statistics.fmean(accepts) if accepts else None}
+
+
 def nccl_debug_env(env: dict) -> bool:
     """Whether NCCL will print the variables it reads (NCCL_DEBUG=INFO or TRACE, NCCL_DEBUG_SUBSYS with ENV)."""
     subsys = env.get("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,ENV").upper().split(",")
@@ -696,8 +715,11 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
         stage = "workload"
         _, warmup_results = run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency,
                                       plan.request_timeout)
+        log_start = log.stat().st_size
         batch, batch_results = run_batch(plan.host, port, prompts["batch"], w.output_len, w.concurrency,
                                          plan.request_timeout)
+        server = server_decode_stats(log, log_start, log.stat().st_size, w.concurrency)
+        batch["server_gen_tok_s_p50"], batch["server_log_lines"] = server["gen_tok_s_p50"], server["lines"]
         progress(f"{label}: batch {batch['requests']} x {w.output_len} tokens at concurrency {w.concurrency}:"
                  f" {batch['output_tok_s']:.1f} tok/s" + _accept_note(batch))
         stream, stream_results = run_stream(plan.host, port, prompts["stream"], w.output_len, plan.request_timeout)
@@ -755,6 +777,7 @@ def _accept_note(metrics):
 # (phase, key, label, higher_is_better)
 METRICS = (
     ("batch", "output_tok_s", "batch output tok/s", True),
+    ("batch", "server_gen_tok_s_p50", "batch gen tok/s (log)", True),
     ("batch", "latency_ms_p50", "batch latency p50 ms", False),
     ("stream", "output_tok_s", "c=1 output tok/s", True),
     ("stream", "ttft_ms_p50", "c=1 TTFT p50 ms", False),

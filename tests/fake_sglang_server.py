@@ -41,6 +41,7 @@ from sglang_pcie.settings import load_settings  # noqa: E402
 START = time.monotonic()
 START_WALL = time.time()
 PROFILE_LOCK = threading.Lock()
+LOCK = threading.Lock()
 
 
 def env_float(name, default):
@@ -79,6 +80,7 @@ def write_profile(tokens, cycles):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     shift = 0
+    running = 0
 
     def log_message(self, *args):  # quiet: the log is bench's evidence, keep it short
         pass
@@ -136,14 +138,25 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
         else:
+            with LOCK:
+                Handler.running += 1
             time.sleep(cycle_s * cycles)
+            with LOCK:
+                # SGLang's scheduler log line (metrics_reporter), one per request here instead of every 40 steps
+                print(f"[fake] Decode batch, #running-req: {Handler.running}, token usage: 0.01, accept len:"
+                      f" {count / cycles:.2f}, cuda graph: True, gen throughput (token/s):"
+                      f" {Handler.running * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
+                Handler.running -= 1
             self._json(200, {"text": "", "output_ids": tokens, "meta_info": meta(count, cycles)})
         write_profile(count, cycles)
 
 
 def start_child(escape: bool):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=escape)
+    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('armed', flush=True);"
+            " sys.stdout.close(); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=escape, stdout=subprocess.PIPE)
+    child.stdout.readline()  # SIGTERM is ignored from here on: no race with an early stop
+    child.stdout.close()
     print(f"fake: {'escaped' if escape else 'stubborn'} child pid {child.pid}", flush=True)
 
 

@@ -232,6 +232,8 @@ def test_bench_end_to_end(capsys, tmp_path):
     # measures: 8 + 2 requests of 12 tokens, accept length from meta info, the profile read back
     batch = runs[0]["metrics"]["batch"]
     assert (batch["requests"], batch["output_tokens"], batch["short_outputs"]) == (8, 96, 0)
+    # SGLang's own log figure, from the lines logged during the batch phase with 4 requests running
+    assert batch["server_log_lines"] >= 1 and batch["server_gen_tok_s_p50"] == pytest.approx(4 * 3 / 0.0005)
     assert runs[0]["metrics"]["accept_length"] == pytest.approx(3.0)
     stream = runs[0]["metrics"]["stream"]
     assert stream["ttft_ms_p50"] > 0 and stream["tpot_ms_p50"] > 0 and stream["tokens_per_chunk"] == 3.0
@@ -560,3 +562,16 @@ def test_sigterm_to_bench_stops_the_server_tree(tmp_path):
     assert bench_proc.returncode == 130 and "interrupted; partial results" in err
     assert "1/2 baseline (repeat 1): stopped 2 processes" in err and "(SIGKILL needed)" in err
     assert len(pids) == 1 and not _alive(pids[0])
+
+
+def test_server_decode_stats_reads_sglang_log_lines(tmp_path):
+    log = tmp_path / "server.log"
+    lines = ["[2026-11-30 10:00:00 TP0] Decode batch, #running-req: 32, #token: 9000, token usage: 0.01, accept len:"
+             " 1.50, accept rate: 0.17, cuda graph: True, gen throughput (token/s): %s, #queue-req: 0" % v
+             for v in ("5000.00", "5200.00", "4800.00")]
+    lines.insert(1, "[2026-11-30 10:00:00 TP0] Decode batch, #running-req: 7, #token: 900, cuda graph: True,"
+                    " gen throughput (token/s): 900.00, #queue-req: 0")
+    log.write_text("before\n" + "\n".join(lines) + "\n")
+    stats = bench.server_decode_stats(log, len("before\n"), log.stat().st_size, 32)
+    assert stats == {"lines": 3, "gen_tok_s_p50": 5000.0, "accept_len_mean": 1.5}
+    assert bench.server_decode_stats(log, 0, 7, 32)["lines"] == 0
