@@ -605,13 +605,14 @@ class DrafterDelegation(Patch):
             if lacking:  # the class this patch exists for would no longer be served
                 return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
                                        f"forward runs, and lacks {', '.join(lacking)} (srt/models/kimi_k25.py)"), []
-        qualifying = [w for w in wrappers if w.missing]
+        # As at runtime: a class acts only when it lacks one of CAPABLE (then it gains every method it lacks).
+        qualifying = [w for w in wrappers if set(w.missing) & set(CAPABLE)]
         if qualifying:
             return Result(APPLICABLE, f"if served as the target of an EAGLE run, {len(qualifying)} class(es) gain "
                                       "forwarding methods (nothing happens otherwise): "
                           + summarize(qualifying)), qualifying
         if wrappers:
-            return Result(UPSTREAM, "every wrapper already has the EAGLE-3 methods: "
+            return Result(UPSTREAM, "every wrapper already has the methods EAGLE calls on the target: "
                           + ", ".join(w.label for w in wrappers)), []
         return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), []
 
