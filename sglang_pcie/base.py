@@ -215,9 +215,12 @@ class SourceTree:
                 found.append(hit)
         return found
 
-    def method(self, module: str, cls_name: str, name: str) -> tuple[str, str, ast.FunctionDef] | None:
+    def method(self, module: str, cls_name: str, name: str,
+               concrete: bool = False) -> tuple[str, str, ast.FunctionDef] | None:
         """``cls_name.name`` as attribute lookup finds it: defined on the class or inherited from a base class of
-        this tree (depth first, left to right); (defining module, defining class, ast) or None."""
+        this tree (depth first, left to right); (defining module, defining class, ast) or None. With ``concrete``
+        an abstract declaration (``@abstractmethod``, or a body that only raises NotImplementedError / passes)
+        does not count."""
         start = self.find_class(module, cls_name)
         seen = set()
         stack = [start] if start else []
@@ -228,9 +231,19 @@ class SourceTree:
             seen.add((owner_module, cls.name))
             for node in cls.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                    if concrete and _is_abstract(node):
+                        return None
                     return owner_module, cls.name, node
             stack[0:0] = self.base_classes(owner_module, cls)
         return None
+
+
+def _is_abstract(func: ast.FunctionDef) -> bool:
+    if any(ast.unparse(d).endswith("abstractmethod") for d in func.decorator_list):
+        return True
+    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Raise) and "NotImplementedError" in ast.unparse(s))
+               for s in body)
 
 
 def _executed_top_level(body: list[ast.stmt]):

@@ -192,7 +192,7 @@ def _shape_problems(tree: SourceTree, module_name) -> list[str]:
         if tree.find_class(module_name, cls_name) is None:
             problems.append(f"class {cls_name} missing")
             continue
-        found = tree.method(module_name, cls_name, method)
+        found = tree.method(module_name, cls_name, method, concrete=True)
         if found is None:
             problems.append(f"{cls_name}.{method} missing")
         elif isinstance(found[2], ast.AsyncFunctionDef):

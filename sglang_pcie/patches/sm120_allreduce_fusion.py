@@ -524,9 +524,24 @@ def _class_members(cls: ast.ClassDef) -> set[str]:
 
 
 def _flashinfer_entry_points(fusion_tree: ast.Module) -> tuple[str, ...]:
-    """What the release calls on flashinfer.comm (imported there as `comm`, kept as `_flashinfer_comm`)."""
+    """What the release calls on flashinfer.comm, under whatever names it imports or keeps it (`comm`,
+    `_flashinfer_comm = comm`, `flashinfer.comm.X`)."""
+    aliases = set()
+    for node in ast.walk(fusion_tree):
+        if isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.name == "flashinfer.comm" and a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module == "flashinfer" and not node.level:
+            aliases.update(a.asname or a.name for a in node.names if a.name == "comm")
+    while True:  # names the module keeps it under: `_flashinfer_comm = comm`
+        kept = {t.id for node in ast.walk(fusion_tree) if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Name) and node.value.id in aliases
+                for t in node.targets if isinstance(t, ast.Name)} - aliases
+        if not kept:
+            break
+        aliases |= kept
     names = {n.attr for n in ast.walk(fusion_tree) if isinstance(n, ast.Attribute)
-             and isinstance(n.value, ast.Name) and n.value.id in ("comm", "_flashinfer_comm")}
+             and ((isinstance(n.value, ast.Name) and n.value.id in aliases)
+                  or ast.unparse(n.value) == "flashinfer.comm")}
     if not names:
         raise Drift(f"{FUSION} calls nothing on flashinfer.comm")
     return tuple(sorted(names))

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sglang_pcie.base import DRIFTED, ERROR
+from sglang_pcie.base import DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, SourceTree
+from sglang_pcie.diffs import ALREADY, REFUSE, REMOVE, DiffError, apply_release_diffs, diffs_for, touched_files
 from sglang_pcie.matrix import check_tree
-from sglang_pcie.registry import all_patches
+from sglang_pcie.registry import all_patches, get_patch
 from sglang_pcie.releases import fetch_source
 
 HERE = Path(__file__).resolve().parent
@@ -172,21 +173,99 @@ def test_mutation(mutation, pristine, release_copy, tmp_path):
         assert all(status == row["status"] for status, row in zip(expected.values(), base_rows)), \
             f"{mutation.name}: a harmless mutation expects a status other than the pristine release's"
     wrong = {pid: got[pid] for pid, status in expected.items() if got[pid]["status"] != status}
-    TALLY[(mutation.kind, "wrong" if wrong else "right")] += 1
-    assert not wrong, f"{mutation.name} ({mutation.why}): expected {expected}, got {wrong}"
-    for pid, text in mutation.detail.items():
-        assert text in got[pid]["detail"], (pid, got[pid])
+    wrong.update({pid: got[pid] for pid, text in mutation.detail.items() if text not in got[pid]["detail"]})
+    TALLY[mutation.kind, "wrong" if wrong else "right"] += 1
+    assert not wrong, f"{mutation.name} ({mutation.why}): expected {expected} {mutation.detail}, got {wrong}"
     for row in base_rows:  # patches the mutation does not name read exactly as on the pristine release
         if row["id"] not in mutation.expect:
             assert got[row["id"]] == row, f"{mutation.name}: {row['id']} changed: {got[row['id']]} (was {row})"
     if mutation.kind == "drift":
-        assert any(got[pid]["status"] in (DRIFTED, ERROR) or got[pid]["status"] != row["status"]
-                   for pid, row in zip(got, base_rows)), f"{mutation.name}: no patch noticed"
+        noticed = [pid for pid, row in zip(got, base_rows) if got[pid] != row]
+        assert noticed, f"{mutation.name}: no patch's status or detail changed"
+
+    outcome = check_apply_diffs(mutation, root, got)
+    TALLY["apply", f"{mutation.kind} {outcome}"] += 1
 
 
-def test_the_suite_is_big_enough():
+def snapshot(root: Path, folders: set[Path]) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for folder in folders if folder.is_dir()
+            for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def check_apply_diffs(mutation: Mutation, root: Path, rows: dict[str, dict]) -> str:
+    """apply-diffs on the mutated tree is safe: refuses where it must (nothing changed), otherwise applies exactly
+    what each patch's rewrite() makes of this tree (the dry run first, announcing the same), says "already applied"
+    the second time and reverses byte for byte. Returns the outcome: refused, applied, already-applied, no-diffs.
+
+    (The static checks are the expensive part, so a refusal is checked with the real run alone; test_cli checks
+    that the dry run refuses alike.)"""
+    try:
+        diffs = {p.stem: p for p in diffs_for(mutation.release)}
+    except DiffError:
+        diffs = {}
+    folders = {(root / rel).parent for d in diffs.values() for rel in touched_files(d)}
+    before = snapshot(root, folders)
+    must_refuse = [pid for pid, row in rows.items() if row["status"] in (DRIFTED, ERROR)
+                   or (row["status"] in (UPSTREAM, NOT_APPLICABLE) and pid in diffs)]
+    try:
+        run = apply_release_diffs(SourceTree(root), dry_run=not must_refuse)
+    except DiffError as exc:  # a release with no diffs (e.g. a version outside the covered range)
+        assert "no diffs for sglang" in str(exc), exc
+        assert snapshot(root, folders) == before
+        return _expect(mutation, "no-diffs")
+    assert snapshot(root, folders) == before, f"{mutation.name}: files changed by a refusal or a dry run"
+    refused = [s for s in run.steps if s.action == REFUSE]
+    for pid in must_refuse:
+        assert any(s.patch_id == pid for s in refused), f"{mutation.name}: {pid} is {rows[pid]['status']} and " \
+                                                         "apply-diffs did not refuse it"
+    assert all(s.status == rows[s.patch_id]["status"] for s in run.steps)  # the statuses verify-patches shows
+    if refused:
+        return _expect(mutation, "refused")
+    if not run.changing:
+        return _expect(mutation, "already-applied")
+
+    announced = [(s.patch_id, s.action) for s in run.steps]
+    wanted = {s.patch_id: get_patch(s.patch_id).rewrite(SourceTree(root)) for s in run.changing}
+    run = apply_release_diffs(SourceTree(root))
+    assert [(s.patch_id, s.action) for s in run.steps] == announced, f"{mutation.name}: the dry run said otherwise"
+    after = snapshot(root, folders)
+    expected_changed = set()
+    for step in run.changing:  # exactly the approved change: nothing inserted twice, nothing else touched
+        for module, text in wanted[step.patch_id].items():
+            rel = SourceTree(root).path(module).relative_to(root).as_posix()
+            expected_changed.add(rel)
+            assert after[rel].decode("utf-8") == text, f"{mutation.name}: {rel} is not {step.patch_id}'s rewrite"
+    assert {rel for rel in after if after[rel] != before.get(rel)} == expected_changed, mutation.name
+    assert set(after) == set(before), f"{mutation.name}: files appeared or vanished"
+    again = apply_release_diffs(SourceTree(root))  # also what verify-patches now says of each patch
+    assert not again.refused and not again.changing and snapshot(root, folders) == after
+    for step in again.steps:
+        applied_now = step.patch_id in wanted
+        assert (step.action == ALREADY) if applied_now else (step.status == rows[step.patch_id]["status"]), step
+    back = apply_release_diffs(SourceTree(root), reverse=True)
+    assert not back.refused, [s.line() for s in back.refused]
+    assert sorted(s.patch_id for s in back.steps if s.action == REMOVE) == sorted(wanted)
+    assert snapshot(root, folders) == before, f"{mutation.name}: --reverse did not restore the tree byte for byte"
+    return _expect(mutation, "applied")
+
+
+def _expect(mutation: Mutation, outcome: str) -> str:
+    if mutation.apply:
+        assert outcome == mutation.apply, f"{mutation.name}: apply-diffs {outcome}, expected {mutation.apply}"
+    return outcome
+
+
+def test_the_suite_is_big_enough(capsys):
     kinds = Counter(m.kind for m in MUTATIONS)
-    releases = {m.release for m in MUTATIONS}
-    print(f"\nmutation suite: {kinds['drift']} upstream-style changes, {kinds['harmless']} harmless, "
-          f"releases {', '.join(sorted(releases))}")
+    releases = sorted({m.release for m in MUTATIONS})
     assert len(MUTATIONS) == len({m.name for m in MUTATIONS})
+    assert kinds["drift"] >= 40 and kinds["harmless"] >= 10 and len(releases) >= 3, (kinds, releases)
+
+
+def test_zz_report_counts(capsys):
+    """Runs last (pytest keeps file order): the caught / false-alarm counts of this session's run."""
+    kinds = Counter(m.kind for m in MUTATIONS)
+    with capsys.disabled():
+        print(f"\nmutation suite: drift caught {TALLY['drift', 'right']}/{kinds['drift']}, harmless false alarms "
+              f"{TALLY['harmless', 'wrong']}/{kinds['harmless']}; apply-diffs: "
+              + ", ".join(f"{k} {v}" for (area, k), v in sorted(TALLY.items()) if area == "apply"))
