@@ -1218,10 +1218,8 @@ def show_report(folder: Path) -> int:
         chart = write_chart(results, folder / "ratios.png")
         if not chart.startswith("skipped"):
             results["chart"] = chart
-    if not results.get("complete"):
-        print(f"(partial: {len(results['runs'])} run(s) so far)")
-    print(format_table(results))
-    return exit_code(results)
+    partial = "" if results.get("complete") else f"(partial: {len(results['runs'])} run(s) so far)\n"
+    return _print(partial + format_table(results), exit_code(results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1236,8 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportOnly as report:
         return show_report(report.args[0])
     if plan.dry_run:
-        print(format_schedule(plan))
-        return 0
+        return _print(format_schedule(plan), 0)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -1247,8 +1244,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(format_table(results))
-    return exit_code(results)
+    return _print(format_table(results), exit_code(results))
+
+
+def _print(text: str, code: int) -> int:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `... | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 if __name__ == "__main__":
