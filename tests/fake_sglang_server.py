@@ -114,7 +114,8 @@ class Handler(BaseHTTPRequestHandler):
         tokens = output_tokens(req["input_ids"], count, self.shift)
         accept = int(os.environ.get("FAKE_ACCEPT") or 2)
         cycle_s = env_float("FAKE_CYCLE_MS", 0.5) / 1e3
-        cycles = -(-count // accept)
+        # as in SGLang's EAGLE: prefill gives the first token, each verify cycle then up to FAKE_ACCEPT tokens
+        cycles = -(-(count - 1) // accept)
         start = time.monotonic()
 
         def meta(done, verify):
@@ -132,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
             done = verify = 0
             while done < count:
                 time.sleep(cycle_s)
-                done, verify = min(count, done + accept), verify + 1
+                done, verify = (1, 0) if done == 0 else (min(count, done + accept), verify + 1)
                 chunk = {"text": "", "output_ids": tokens[:done], "meta_info": meta(done, verify)}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
@@ -144,11 +145,11 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 # SGLang's scheduler log line (metrics_reporter), one per request here instead of every 40 steps
                 print(f"[fake] Decode batch, #running-req: {Handler.running}, token usage: 0.01, accept len:"
-                      f" {count / cycles:.2f}, cuda graph: True, gen throughput (token/s):"
+                      f" {count / max(cycles, 1):.2f}, cuda graph: True, gen throughput (token/s):"
                       f" {Handler.running * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
                 Handler.running -= 1
             self._json(200, {"text": "", "output_ids": tokens, "meta_info": meta(count, cycles)})
-        write_profile(count, cycles)
+        write_profile(count - 1, cycles)  # the profile counts the tokens of decode cycles
 
 
 def start_child(escape: bool):

@@ -236,14 +236,17 @@ def test_bench_end_to_end(capsys, tmp_path):
     assert batch["server_log_lines"] >= 1 and batch["server_gen_tok_s_p50"] == pytest.approx(4 * 3 / 0.0005)
     assert runs[0]["metrics"]["accept_length"] == pytest.approx(3.0)
     stream = runs[0]["metrics"]["stream"]
-    assert stream["ttft_ms_p50"] > 0 and stream["tpot_ms_p50"] > 0 and stream["tokens_per_chunk"] == 3.0
+    assert stream["ttft_ms_p50"] > 0 and stream["tpot_ms_p50"] > 0
+    assert stream["tokens_per_chunk"] == pytest.approx(12 / 5)  # the prefill token, then 3 + 3 + 3 + 2
     profile = next(r for r in runs if r["variant"] == "profile")
     assert profile["profile"]["accept_length"] == pytest.approx(profile["metrics"]["accept_length_served"])
-    # the profile saw the warm-up too (16 tokens in 6 cycles): compared with SGLang's figure over all it served
-    assert runs[0]["metrics"]["accept_length_served"] == pytest.approx((4 * 16 + 10 * 12) / (4 * 6 + 10 * 4))
+    # the profile saw the warm-up too (15 decode tokens in 5 cycles), and counts decode tokens only: compared with
+    # SGLang's figure over all the server served, without each request's prefill token
+    assert runs[0]["metrics"]["accept_length_served"] == pytest.approx((4 * 15 + 10 * 11) / (4 * 5 + 10 * 4))
     checks = profile["profile_checks"]
     assert checks["accept_ratio"] == pytest.approx(1.0) and checks["failed"] == []
     assert checks["phases_le_cycle"] and checks["cycle_le_wall"] and checks["accept_within_1pct"]
+    assert checks["no_forced_waits"] and checks["one_run_tp_rank_0"]
     assert "profile" not in runs[0]
     nccl_run = next(r for r in runs if r["variant"] == "nccl")
     assert nccl_run["nccl_env"] == {"NCCL_PROTO": ["LL"]}
@@ -530,6 +533,20 @@ def test_profile_checks_math():
     assert off["failed"] == ["phases_le_cycle", "accept_within_1pct"]
     unknown = bench.profile_checks({"accept_length": None}, None)
     assert unknown["failed"] == [] and unknown["cycle_le_wall"] is None
+    # cycle_ms is a sampled mean: 5% over the wall cycle passes, more fails; forced waits or a second rank fail
+    assert bench.profile_checks({"cycle_ms": 5.2, "wall_cycle_ms": 5.0}, None)["cycle_le_wall"] is True
+    assert bench.profile_checks({"cycle_ms": 5.3, "wall_cycle_ms": 5.0}, None)["failed"] == ["cycle_le_wall"]
+    two = bench.profile_checks({"syncs": 3, "runs_in_file": 2, "ranks": {"tp_rank": [0, 1]}}, None)
+    assert two["failed"] == ["no_forced_waits", "one_run_tp_rank_0"]
+
+
+def test_sglang_accept_length_with_and_without_the_prefill_token():
+    served = [{"meta_info": {"completion_tokens": 16, "spec_verify_ct": 5}},
+              {"meta_info": {"completion_tokens": 7, "spec_verify_ct": 2}},
+              {"meta_info": {"completion_tokens": 9}}]  # not speculative: left out
+    assert bench.accept_length(served) == pytest.approx(23 / 7)
+    assert bench.accept_length(served, decode_only=True) == pytest.approx(21 / 7)
+    assert bench.accept_length(served[2:]) is None
 
 
 def test_missing_server_command_is_a_failed_start(capsys, tmp_path):
