@@ -490,8 +490,8 @@ def _self_assigned(cls: ast.ClassDef) -> set[str]:
 
 
 def _class_defines(tree: SourceTree, module: str, cls_name: str, member: str, depth: int = 0) -> str | None:
-    """Where ``from module import cls_name`` leads to a class defining ``member``: None when it does, else what is
-    missing (followed through re-exports)."""
+    """Whether ``from module import cls_name`` leads to a class defining or inheriting ``member``: None when it
+    does, else what is missing (followed through re-exports and relative imports)."""
     parsed = tree.tree(module)
     if parsed is None or depth > 5:
         return f"no module {module}"
@@ -499,12 +499,25 @@ def _class_defines(tree: SourceTree, module: str, cls_name: str, member: str, de
         if isinstance(node, ast.ClassDef) and node.name == cls_name:
             if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body):
                 return None
+            if any(isinstance(base, ast.Name) and _class_defines(tree, module, base.id, member, depth + 1) is None
+                   for base in node.bases):  # inherited counts
+                return None
             return f"{module}.{cls_name}.{member} is missing"
-        if isinstance(node, ast.ImportFrom) and node.module and any(
-                (a.asname or a.name) == cls_name for a in node.names):
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == cls_name for a in node.names):
             alias = next(a for a in node.names if (a.asname or a.name) == cls_name)
-            return _class_defines(tree, node.module, alias.name, member, depth + 1)
+            return _class_defines(tree, _absolute(tree, module, node), alias.name, member, depth + 1)
     return f"{module} has no {cls_name}"
+
+
+def _absolute(tree: SourceTree, module: str, node: ast.ImportFrom) -> str:
+    """The module an ``ImportFrom`` in ``module`` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    path = tree.path(module)
+    package = module if path is not None and path.name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return ".".join(filter(None, [package, node.module]))
 
 
 def hook_problems(tree: SourceTree) -> list[str]:
@@ -535,7 +548,7 @@ def hook_problems(tree: SourceTree) -> list[str]:
     assigned = _self_assigned(cls)
     problems += [f"ModelRunner never sets self.{a}" for a in ("model", "is_draft_worker", "spec_algorithm")
                  if a not in assigned]
-    imported = next((node.module for node in module.body if isinstance(node, ast.ImportFrom) and node.module
+    imported = next((_absolute(tree, MODEL_RUNNER, node) for node in module.body if isinstance(node, ast.ImportFrom)
                      and any((a.asname or a.name) == "SpeculativeAlgorithm" for a in node.names)), None)
     if imported is None:
         problems.append("model_runner does not import SpeculativeAlgorithm")
@@ -587,7 +600,8 @@ class DrafterDelegation(Patch):
         if runner is not None and MARKER in runner:
             complete = HELPER_SOURCE in runner and INSTALL_LINE in runner
             return (Result(APPLIED, "source carries the sglang-pcie diff") if complete else
-                    Result(DRIFTED, "model_runner carries part of the sglang-pcie diff")), []
+                    Result(DRIFTED, "model_runner carries part of the sglang-pcie diff, or another version's "
+                                    "(reverse it with the sglang-pcie that applied it)")), []
         problems = hook_problems(tree)
         if not (tree.root / "sglang" / "srt" / "models").is_dir():
             problems.append("no sglang/srt/models folder")
