@@ -1,6 +1,7 @@
 """FlashInfer's PCIe-IPC all-reduce against NCCL (its defaults), latency per all-reduce in CUDA graphs, sums checked.
 
     python benchmarks/ipc_allreduce.py [--hidden 4096,7168] [--tokens 1,2,4,8,16,32,64] [--tp N] [--out DIR]
+                                      [--paths nccl,pcie-ipc] [--no-tune] [--soak N] [--timeout S]
 
 For each hidden size, one NCCL run and one IPC run, each in fresh processes (one per GPU), through the same workers
 as `sglang-pcie tune-nccl`: 2 x --layers all-reduces of tokens x hidden bf16 captured in one graph, 20 timed
@@ -11,7 +12,9 @@ tuned launch configurations (--no-tune: FlashInfer's seed configurations). The f
 (nvcc, JIT): allow a minute or two.
 
 Prints a markdown table (and writes results.json under --out). A failure (FlashInfer missing, JIT build failing,
-wrong sums, a hang past --timeout) is a row saying why, never a crash: the NCCL figures still come out.
+wrong sums, a hang past --timeout) is a row saying why, never a crash: the NCCL figures still come out. A failed or
+hung run also prints the last lines of each rank's stderr: the worker's progress lines (the last says where a hung
+rank stopped), a traceback, or, for a hang, every thread's Python stack (dumped before the ranks are killed).
 """
 from __future__ import annotations
 
@@ -26,6 +29,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sglang_pcie import nccl, tune_nccl  # noqa: E402
+
+
+PATHS = ("nccl", tune_nccl.IPC_NAME)
+
+
+def _paths(text: str) -> list[str]:
+    wanted = [part.strip() for part in text.split(",") if part.strip()]
+    if not wanted or any(w not in PATHS for w in wanted):
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(PATHS)}, comma-separated")
+    return [path for path in PATHS if path in wanted]
 
 
 def parse_args(argv):
@@ -43,6 +56,11 @@ def parse_args(argv):
     p.add_argument("--timeout", type=tune_nccl._positive_float, default=300.0,
                    help="seconds one run may take, the first JIT build included (default 300)")
     p.add_argument("--out", type=Path, help="folder for results.json and the scratch tune cache")
+    p.add_argument("--show-stderr", action="store_true",
+                   help="print the last lines of each rank's stderr after every run, not only a failed one (the "
+                        "workers' progress lines with their times: a smoke test)")
+    p.add_argument("--paths", type=_paths, default=list(PATHS),
+                   help=f"which paths to run, comma-separated (default {','.join(PATHS)})")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     return p.parse_args(argv)
 
@@ -51,7 +69,7 @@ def main(argv=None, worker_command=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     topology = nccl.probe_topology()
     world = args.tp or topology.gpu_count
-    runs = [(hidden, path) for hidden in args.hidden for path in ("nccl", tune_nccl.IPC_NAME)]
+    runs = [(hidden, path) for hidden in args.hidden for path in args.paths]
     print(f"# IPC vs NCCL: {world} ranks on {topology.gpu_count} x {', '.join(sorted(set(topology.gpu_names))) or '?'}"
           f" (NVLink {topology.nvlink}, peer-to-peer {topology.p2p}); tokens {args.tokens}; hidden {args.hidden};"
           f" {2 * args.layers} all-reduces per graph; NCCL_P2P_DISABLE={os.environ.get('NCCL_P2P_DISABLE', 'unset')}",
@@ -78,14 +96,18 @@ def main(argv=None, worker_command=None) -> int:
         if path != "nccl":
             spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
                         tune_batches=tune_nccl.sglang_tune_ladder(top), soak=args.soak)
-        outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command)
+        outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command, keep_stderr=args.show_stderr)
         row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
-               "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info}
+               "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info,
+               "stderr_tails": {str(r): lines for r, lines in outcome.stderr_tails.items()}}
         results["runs"].append(row)
         print(f"# {path} hidden {hidden}: {outcome.wall_s:.1f} s"
               + (f", FAILED: {outcome.error}" if outcome.error else "")
               + (f", tuned {outcome.info.get('tuned_shapes')} shapes in {outcome.info.get('tune_s')} s"
                  if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
+        if outcome.stderr_tails:  # a failure, or --show-stderr
+            print(f"# the ranks' stderr ends (last {tune_nccl.STDERR_TAIL_LINES} lines each):\n"
+                  + tune_nccl.format_tails(outcome.stderr_tails, indent="#   "), flush=True)
     results["wall_s"] = round(time.monotonic() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(render(results))

@@ -20,6 +20,7 @@ it checks the machinery, not NCCL.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +72,24 @@ MAX_CONFIRMATIONS = 2
 # time, at least LATER_TIMEOUT_FLOOR seconds: a hanging profile then costs seconds, not the whole --timeout.
 LATER_TIMEOUT_FACTOR = 4
 LATER_TIMEOUT_FLOOR = 30.0
+# What a failed or hung run brings back from each rank's stderr: enough for a traceback, or for the phase lines and
+# the Python stacks a hung worker dumps when the parent gives up on it (SIGUSR1, faulthandler).
+STDERR_TAIL_LINES = 40
+PHASE_MARK = "phase:"
 
 
 def progress(message: str) -> None:
     print(f"tune-nccl: {message}", file=sys.stderr, flush=True)
+
+
+_WORKER_STARTED = time.monotonic()
+
+
+def phase(message: str) -> None:
+    """A worker's progress line on its stderr (a file the parent reads when a run fails or hangs): the last one
+    says where a hung rank stopped."""
+    print(f"tune-nccl worker rank {os.environ.get('RANK', '?')} +{time.monotonic() - _WORKER_STARTED:.1f}s "
+          f"{PHASE_MARK} {message}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,6 +196,7 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
     The collective contract (PcieIpcAllReduceWorkspace's docstring): every rank makes the same calls in the same
     order; one workspace serves one stream (rebind_stream() only after the previous stream's work is done);
     launch configurations are resolved (prepare) before any capture."""
+    phase("importing flashinfer")
     import flashinfer
     from flashinfer.comm import PcieIpcAllReduceWorkspace
     from flashinfer.comm.pcie_ipc_tuning import default_cache_path
@@ -187,17 +204,24 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
     hidden, count = spec["hidden"], spec["allreduces"]
     cache = str(default_cache_path(world))
     report.update(flashinfer=getattr(flashinfer, "__version__", None), tune_cache=cache)
+    phase(f"flashinfer {report['flashinfer']} imported; building the workspace (collective: max_numel "
+          f"{spec['max_numel']}, tune_batches {spec['tune_batches']}, cache {cache})")
     workspace = PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=spec["max_numel"],
                                           dtype=torch.bfloat16, tune_batches=spec["tune_batches"],
                                           tune_cache=cache)
     report["fabric"] = f"{workspace.profile} ({workspace.profile_reason})"[:200]
+    phase(f"workspace built: {report['fabric']}")
     if spec.get("tune"):
+        phase(f"tune() for hidden {hidden} (collective; FlashInfer builds its gloo group, rank 0 writes the cache)")
         began = time.monotonic()
         tuned = workspace.tune([hidden], dtype=torch.bfloat16)  # collective; rank 0 writes the cache file
         report["tuned_shapes"] = len(tuned)
         report["tune_s"] = round(time.monotonic() - began, 1)
+        phase(f"tune() done: {len(tuned)} shapes in {report['tune_s']} s")
     sizes = [t for t in spec["tokens"] if t * hidden <= spec["max_numel"]]
+    phase(f"prepare() for {sizes} x {hidden} (collective)")
     workspace.prepare([(t, hidden) for t in sizes], dtype=torch.bfloat16)
+    phase("prepared")
     stream = torch.cuda.Stream()
     results = {}
     for tokens in spec["tokens"]:
@@ -228,13 +252,16 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
             workspace.rebind_stream()  # earlier work is synchronised: moving the binding is safe
             all_reduce_all()
         check("eager all-reduce")
+        phase(f"{tokens} tok: {count} eager all-reduces summed right; capturing them in a CUDA graph")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             all_reduce_all()
+        phase(f"{tokens} tok: captured; first replay")
         for out in outputs:
             out.zero_()
         graph.replay()
         check("graph replay")
+        phase(f"{tokens} tok: replay summed right; {WARMUP_REPLAYS} warm-up + {TIMED_REPLAYS} timed replays")
         for _ in range(WARMUP_REPLAYS):
             graph.replay()
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -252,11 +279,14 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
         graph.replay()
         check("timed replays" + (f" and {spec['soak']} more" if spec.get("soak") else ""))
         results[str(tokens)] = statistics.median(milliseconds) * 1e3 / count
+        phase(f"{tokens} tok: {results[str(tokens)]:.1f} us per all-reduce, sums right after the timed replays")
         del graph
     # destroy() is collective (barriers): reached only on success, by every rank in the same order. A rank that
     # fails raises before it, exits, and the parent kills the group rather than leave a peer in a barrier.
     torch.cuda.synchronize()
+    phase("destroy() (collective)")
     workspace.destroy()
+    phase("done")
     return results
 
 
@@ -273,11 +303,16 @@ def run_worker(spec: dict) -> int:
     """One rank; prints one JSON line: {"ok": true, "us": {tokens: microseconds}, ...} or {"ok": false, "error"}."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     report = {"rank": rank, "ok": False}
+    # A rank the parent gives up on gets SIGUSR1 first: every thread's Python stack goes to stderr, which the
+    # parent then reports (where in FlashInfer or NCCL it hung), before it kills the process group.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
+        phase("importing torch")
         import torch
         import torch.distributed as dist
 
         report["nccl"] = _torch_nccl_version(torch)
+        phase(f"torch {torch.__version__} imported; initialising the {spec['backend']} process group")
         if spec["backend"] == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
@@ -286,6 +321,7 @@ def run_worker(spec: dict) -> int:
         else:
             device = torch.device("cpu")
             dist.init_process_group("gloo", rank=rank, world_size=world)
+        phase("process group up")
         if spec.get("path") == IPC_NAME:
             if spec["backend"] != "nccl":
                 raise RuntimeError("the PCIe-IPC all-reduce needs CUDA (--backend nccl)")
@@ -295,6 +331,7 @@ def run_worker(spec: dict) -> int:
         report["ok"] = True
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        traceback.print_exc()  # the whole story goes to stderr, whose tail the parent reports
     print(json.dumps(report), flush=True)
     sys.stderr.flush()
     # Skip interpreter teardown: destroying a communicator whose peer has died can block.
@@ -311,6 +348,8 @@ class Outcome:
     error: str | None
     wall_s: float
     info: dict = field(default_factory=dict)  # nccl version and device name reported by rank 0
+    # rank -> the last STDERR_TAIL_LINES lines of its stderr, for a run that failed, hung or left no report
+    stderr_tails: dict = field(default_factory=dict)
 
 
 def _free_port() -> int:
@@ -341,23 +380,72 @@ def _describe_exit(code: int) -> str:
     return f"exited with {code}"
 
 
-def _last_line(path: Path, limit: int | None = 300) -> str:
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return (lines[-1][:limit] if limit else lines[-1]) if lines else ""
+def _read_report(path: Path) -> dict | None:
+    """A worker's report: the last line holding a JSON object that starts with "rank", read whole (it can be long)
+    and from where it starts (a library may have written to stdout without a newline before it)."""
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        start = line.find('{"rank"')
+        if start >= 0:
+            try:
+                report = json.loads(line[start:])
+            except ValueError:
+                continue
+            if isinstance(report, dict):
+                return report
+    return None
+
+
+def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+def _last_phase(tail: list[str]) -> str:
+    """The last progress line a worker wrote (where a hung rank stopped), without its prefix."""
+    for line in reversed(tail):
+        if PHASE_MARK in line:
+            return line.split(PHASE_MARK, 1)[1].strip()
+    return ""
+
+
+def format_tails(tails: dict, indent: str = "  ") -> str:
+    """The ranks' stderr tails, one line per stderr line, prefixed by the rank."""
+    return "\n".join(f"{indent}rank {rank} | {line}" for rank, lines in sorted(tails.items()) for line in lines)
+
+
+def _dump_stacks(processes) -> None:
+    """Ask live workers for their Python stacks (SIGUSR1: faulthandler in run_worker) before they are killed."""
+    asked = False
+    for process in processes:
+        if process.poll() is None:
+            try:
+                os.kill(process.pid, signal.SIGUSR1)
+                asked = True
+            except ProcessLookupError:
+                pass
+    if asked:
+        time.sleep(1.0)  # faulthandler writes from its signal handler, GIL or not
 
 
 def _kill(processes) -> None:
     for process in processes:
-        if process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # its own session: takes any children with it
-            except ProcessLookupError:
-                pass
+        # Its own session: takes any children with it, also when the worker itself has already exited (a rank
+        # that died, or one ended by the SIGUSR1 stack dump, can leave children in its group).
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     for process in processes:
         process.wait()
 
 
-def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_command: list[str]) -> Outcome:
+def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_command: list[str],
+                keep_stderr: bool = False) -> Outcome:
+    """Run one profile's ranks, bounded by ``timeout``. The ranks' stderr tails come back with a failure, or always
+    with ``keep_stderr``."""
     env = worker_environment(values)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
     began = time.monotonic()
@@ -384,30 +472,40 @@ def run_profile(values: dict, spec: dict, world: int, timeout: float, worker_com
                     break
                 if time.monotonic() - began > timeout:
                     error = f"timed out after {timeout:.0f} s (killed)"
+                    _dump_stacks(processes)
                     break
                 time.sleep(0.05)
         finally:
             _kill(processes)
         wall = time.monotonic() - began
-        reports = []
-        for out, _ in outputs:
-            try:
-                reports.append(json.loads(_last_line(out, limit=None)))  # whole: a report can be long
-            except ValueError:
-                reports.append(None)
-        failed_stderr = _last_line(outputs[failed_rank][1]) if failed_rank is not None else ""
-    # A worker's own message (capture failed, wrong sums) says more than its exit code.
-    own = next((f"rank {r['rank']}: {r.get('error')}" for r in reports if r and not r.get("ok")), None)
-    if own or error:
-        return Outcome(None, own or error + (f": {failed_stderr}" if failed_stderr else ""), wall)
-    if None in reports:
-        return Outcome(None, f"rank {reports.index(None)} exited without a report", wall)
+        reports = [_read_report(out) for out, _ in outputs]
+        own = next((f"rank {r['rank']}: {r.get('error')}" for r in reports if r and not r.get("ok")), None)
+        tails = {}
+        if own or error or None in reports or keep_stderr:
+            tails = {rank: _tail(err) for rank, (_, err) in enumerate(outputs)}
+    if own or error or None in reports:
+        if own:  # a worker's own message (capture failed, wrong sums) says more than its exit code
+            message = own
+        elif error and failed_rank is not None:
+            last = tails[failed_rank][-1].strip()[:300] if tails[failed_rank] else ""
+            message = error + (f": {last}" if last else "")
+        elif error:  # timed out: where each rank stopped, if they said
+            phases = {rank: _last_phase(tail) for rank, tail in sorted(tails.items())}
+            message = error + ("; last phase: " + ", ".join(f"rank {rank}: {text or '(none written)'}"
+                                                             for rank, text in phases.items())
+                               if any(phases.values()) else "")
+        else:
+            missing = reports.index(None)
+            last = tails[missing][-1].strip()[:300] if tails[missing] else ""
+            message = f"rank {missing} exited without a report" + (f"; its stderr ends: {last}" if last else
+                                                                    "; its stderr is empty")
+        return Outcome(None, message, wall, stderr_tails=tails)
     us = {}
     for tokens in reports[0]["us"]:
         values = [r["us"].get(tokens) for r in reports]
         us[int(tokens)] = None if None in values else max(values)  # None: a size the path refuses
     info = {k: v for k, v in reports[0].items() if k not in ("rank", "ok", "us", "error")}
-    return Outcome(us, None, wall, info)
+    return Outcome(us, None, wall, info, stderr_tails=tails)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -510,6 +608,9 @@ def run_ipc(spec: dict, world: int, decode: list[int], nccl_us: dict, noise: dic
         progress(f"[{IPC_NAME}] {label}")
         outcome = run_profile({}, ipc_spec, world, bound, worker_command)
         progress(f"[{IPC_NAME}] {label}: {_format_run(outcome)}")
+        if outcome.stderr_tails:  # a failure or hang: what the ranks wrote last, here and in the tuned file
+            progress(f"[{IPC_NAME}] the ranks' stderr ends:\n{format_tails(outcome.stderr_tails)}")
+            result.setdefault("stderr_tails", {str(r): lines for r, lines in outcome.stderr_tails.items()})
         for key in ("flashinfer", "tune_cache", "fabric", "tuned_shapes", "tune_s"):
             if key in outcome.info:
                 result[key] = outcome.info[key]

@@ -5,13 +5,17 @@ The workspace stand-in keeps FlashInfer 0.7.2's signatures and enforces the coll
 ``PcieIpcAllReduceWorkspace`` as its docstring states it: tune() before prepare() (tune clears resolved
 configurations), every shape resolved by prepare() before it is captured, one stream per workspace unless
 rebind_stream() moved it, out-of-place results, destroy() once. Its all-reduce is gloo's, so the worker's sum
-checks are real. FAKE_IPC_BROKEN=1 makes it return each rank's own input (the checks must say so).
+checks are real. FAKE_IPC_BROKEN=1 makes it return each rank's own input (the checks must say so);
+FAKE_IPC_HANG=tune makes tune() never return (as a collective whose peer never arrives); FAKE_IPC_STDOUT_JUNK=1
+writes to stdout without a newline before the report (as a chatty library can).
 
 usage (as tune_nccl's worker command): python ipc_fake_worker.py --worker SPEC_JSON
 """
 import contextlib
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import types
@@ -96,6 +100,8 @@ class PcieIpcAllReduceWorkspace:
 
     def tune(self, hiddens, *, dtype=torch.bfloat16, cache=None, tune_group=None, warmup=10, repeat=50):
         assert not _state["capturing"]
+        if os.environ.get("FAKE_IPC_HANG") == "tune":
+            time.sleep(300)
         self.prepared.clear()  # as FlashInfer's tune(): resolved configurations are dropped
         self.tuned = True
         CALLS.append(("tune", tuple(hiddens)))
@@ -154,6 +160,7 @@ def install_flashinfer_stand_in():
 def main():
     spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as tune_nccl.run_worker
     install_cuda_stand_ins()
     install_flashinfer_stand_in()
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -164,6 +171,8 @@ def main():
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"[:400]
     report["calls"] = CALLS
+    if os.environ.get("FAKE_IPC_STDOUT_JUNK"):
+        print("[flashinfer] a line without its newline", end="")
     print(json.dumps(report), flush=True)
     os._exit(0 if report["ok"] else 1)
 

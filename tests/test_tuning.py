@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -327,6 +328,9 @@ FAKE_WORKER = textwrap.dedent("""
         sys.exit("no GPU")
     if os.environ.get("FAKE_WORKER_HANG"):
         time.sleep(300)
+    if os.environ.get("FAKE_WORKER_NO_REPORT"):  # exits 0 with no report, after 50 lines of stderr
+        sys.stderr.write("".join(f"stderr line {i} of rank {rank}\\n" for i in range(50)))
+        sys.exit(0)
     if spec.get("path") == "pcie-ipc":  # 5 us up to FAKE_IPC_FAST tokens, then slower than NCCL's 10 us per token
         fast = int(os.environ.get("FAKE_IPC_FAST", "0"))
         us = {str(t): 5.0 if t <= fast else 50.0 * t for t in spec["tokens"]}
@@ -637,3 +641,100 @@ def test_run_ipc_with_the_real_worker_measures_judges_and_tunes_for_the_servers_
     assert result["max_numel"] == 32 and result["tuned_max_numel"] == 32 and len(result["runs"]) == 2
     assert result["tune_cache"] == "/stand-in/autotune/pcie_ipc_all_reduce_ws2.json" and "error" not in result
     assert result["verdict"] == "the PCIe-IPC all-reduce beats NCCL at every measured size up to 2 tok (not at 4 tok)"
+
+
+# What a failed, hung or silent run brings back: the ranks' stderr tails, the workers' progress lines, the stacks of
+# hung ranks (the first GPU run had only "rank 0 exited without a report" and "timed out after 90 s").
+
+
+def load_ipc_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ipc_allreduce", REPO / "benchmarks" / "ipc_allreduce.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_a_report_is_read_whole_even_after_stray_output(tmp_path):
+    report = {"rank": 0, "ok": True, "us": {"1": 5.0}, "fabric": "x" * 500}
+    out = tmp_path / "rank0.out"
+    out.write_text("NCCL INFO init\n[flashinfer] no newline" + json.dumps(report) + "\n\n")
+    assert tune_nccl._read_report(out) == report
+    out.write_text(json.dumps(report)[:300] + "\n")  # cut short: no report
+    assert tune_nccl._read_report(out) is None
+
+
+def test_a_rank_without_a_report_is_named_with_the_end_of_its_stderr(fake_worker, monkeypatch):
+    command, _ = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_NO_REPORT", "1")
+    spec = {"backend": "gloo", "tokens": [1], "hidden": 16, "dtype": "bf16", "allreduces": 2}
+    outcome = tune_nccl.run_profile({}, spec, 2, 60, command)
+    assert outcome.us is None
+    assert outcome.error == "rank 0 exited without a report; its stderr ends: stderr line 49 of rank 0"
+    assert outcome.stderr_tails[1] == [f"stderr line {i} of rank 1" for i in range(10, 50)]  # the last 40
+
+
+def test_a_failed_ipc_run_in_tune_nccl_reports_each_ranks_stderr(torch_python, capsys):
+    command = [str(torch_python), str(REPO / "tests" / "ipc_fake_worker.py")]
+    spec = {"backend": "nccl", "tokens": [1, 2], "hidden": 16, "dtype": "bf16", "allreduces": 3}
+    old = dict(os.environ)
+    os.environ["FAKE_IPC_BROKEN"] = "1"
+    try:
+        result = tune_nccl.run_ipc(spec, 2, [1, 2], {1: 1.0, 2: 1.0}, {1: 0.03, 2: 0.03}, 300, command)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert "wrong sums after eager all-reduce at 1 tokens" in result["error"]
+    # The worker's progress up to where it failed, as written to the tuned file. The broken stand-in needs no peer
+    # after init, so the first rank to fail can end its run while the other is still starting: one rank suffices.
+    assert sorted(result["stderr_tails"]) == ["0", "1"]
+    phases = [[line.split("phase: ", 1)[1] for line in tail if "phase: " in line]
+              for tail in result["stderr_tails"].values()]
+    failed = next(p for p in phases if p and p[-1] == "prepared")
+    assert failed[0] == "importing flashinfer" and failed[3] == (
+        "tune() for hidden 16 (collective; FlashInfer builds its gloo group, rank 0 writes the cache)"), failed
+    err = capsys.readouterr().err
+    assert "[pcie-ipc] the ranks' stderr ends:\n  rank " in err and " phase: prepared\n" in err
+
+
+def test_ipc_benchmark_names_where_each_hung_rank_stopped_and_prints_their_stacks(torch_python, tmp_path, capsys,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(nccl, "probe_topology", lambda environ=None: NVLINK_BOX)
+    monkeypatch.setenv("FAKE_IPC_HANG", "tune")
+    command = [str(torch_python), str(REPO / "tests" / "ipc_fake_worker.py")]
+    argv = ["--paths", "pcie-ipc", "--hidden", "16", "--tokens", "1,2", "--layers", "2", "--timeout", "25",
+            "--out", str(tmp_path / "r")]
+    assert load_ipc_bench().main(argv, worker_command=command) == 0
+    out = capsys.readouterr().out
+    stuck = "tune() for hidden 16 (collective; FlashInfer builds its gloo group, rank 0 writes the cache)"
+    assert f"FAILED: timed out after 25 s (killed); last phase: rank 0: {stuck}, rank 1: {stuck}" in out
+    # Each rank's Python stack, dumped on SIGUSR1 before the kill: it hung inside the workspace's tune().
+    for rank in (0, 1):
+        assert re.search(rf"^#   rank {rank} \| .*ipc_fake_worker.py\", line \d+ in tune$", out, re.M), out
+    row = json.loads((tmp_path / "r" / "results.json").read_text())["runs"][0]
+    assert row["path"] == "pcie-ipc" and row["error"].startswith("timed out") and len(row["stderr_tails"]) == 2
+    assert "| 16 | pcie-ipc (failed: timed out after 25 s (killed); last phase" in out
+
+
+def test_ipc_benchmark_show_stderr_prints_the_workers_progress_of_a_good_run(torch_python, tmp_path, capsys,
+                                                                            monkeypatch):
+    monkeypatch.setattr(nccl, "probe_topology", lambda environ=None: NVLINK_BOX)
+    monkeypatch.setenv("FAKE_IPC_STDOUT_JUNK", "1")  # and the report is still found
+    command = [str(torch_python), str(REPO / "tests" / "ipc_fake_worker.py")]
+    argv = ["--paths", "pcie-ipc", "--hidden", "16", "--tokens", "1,2", "--layers", "2", "--show-stderr",
+            "--out", str(tmp_path / "r")]
+    assert load_ipc_bench().main(argv, worker_command=command) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and "| 16 | nccl |" not in out and re.search(r"^\| 16 \| pcie-ipc \| \d", out, re.M)
+    rank0 = [line.split("phase: ", 1)[1] for line in out.splitlines()
+             if line.startswith("#   rank 0 | ") and "phase: " in line]
+    assert rank0[0] == "importing flashinfer" and rank0[-2:] == ["destroy() (collective)", "done"], rank0
+    assert "tune() done: 2 shapes in 0.0 s" in rank0 and "1 tok: captured; first replay" in rank0
+
+
+def test_ipc_benchmark_paths_option():
+    bench = load_ipc_bench()
+    assert bench.parse_args(["--paths", "pcie-ipc,nccl"]).paths == ["nccl", "pcie-ipc"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--paths", "nvls"])

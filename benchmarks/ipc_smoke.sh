@@ -1,0 +1,68 @@
+#!/bin/bash
+# A short GPU diagnosis of FlashInfer's PCIe-IPC all-reduce through tune-nccl's worker (the path that failed in the
+# first 2 x H200 run: "rank 0 exited without a report", and a 90 s timeout in ipc_allreduce.py).
+#   bash benchmarks/ipc_smoke.sh      (from the checkout root; carry .gpu-fi/, see benchmarks/gpu_fi_wheels.sh)
+# Bounded by BUDGET seconds (default 90); a step that no longer fits is skipped, saying so. Everything also goes to
+# $OUT/smoke.log (default OUT=/tmp/ipc-smoke). Steps:
+#   0. FlashInfer 0.7.2 from .gpu-fi into /tmp/fi (PYTHONPATH), imported and its PCIe-IPC kernels JIT-built once,
+#      in one process (so the ranks load them, not race to build them);
+#   1. the IPC path at 1 and 8 tokens x 7168 bf16, 122 all-reduces per CUDA graph, sums checked, FlashInfer's seed
+#      launch configurations (--no-tune): workspace, prepare, capture, replay, destroy, without tune();
+#   2. the same with FlashInfer's tune() first (rows 1,2,4,8, as SGLang's adapter asks for 8 x 7168), into a
+#      scratch cache;
+#   3. tune-nccl, the default NCCL profile only, then its PCIe-IPC runs at 1 and 8 tokens (usually needs BUDGET=150).
+# Every step prints each rank's stderr tail: the workers' timed progress lines ("phase: ..."), and on a failure its
+# traceback, or on a hang every thread's Python stack (dumped just before the ranks are killed).
+set -u
+export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/ipc-smoke}
+BUDGET=${BUDGET:-90}
+HIDDEN=${HIDDEN:-7168}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/smoke.log") 2>&1
+START=$(date +%s)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -n "${TP:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
+PY=${PYTHON:-python3}
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() { echo; echo "=== $1 (at $(( $(date +%s) - START )) s, $(left) s left)"; }
+
+step "0. FlashInfer 0.7.2 from .gpu-fi"
+if ! ls .gpu-fi/*.whl >/dev/null 2>&1; then echo "no .gpu-fi/*.whl here (carry .gpu-fi): nothing to test"; exit 1; fi
+if [ ! -d /tmp/fi/flashinfer ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi .gpu-fi/*.whl || { echo "pip install failed"; exit 1; }
+fi
+export PYTHONPATH=/tmp/fi:$PYTHONPATH PATH=/tmp/fi/bin:$PATH
+T=$(( $(left) - 30 )); [ $T -gt 60 ] && T=60
+timeout $T $PY - <<'PY'
+import time
+t = time.time()
+import torch, flashinfer
+from flashinfer.comm.pcie_ipc_ar import get_pcie_ipc_comm_module
+print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPUs; flashinfer {flashinfer.__version__} imported in {time.time() - t:.1f} s", flush=True)
+t = time.time()
+get_pcie_ipc_comm_module()
+print(f"PCIe-IPC kernels built/loaded in {time.time() - t:.1f} s")
+PY
+echo "exit $? (124: timed out after $T s)"
+
+run_ipc() {  # $1: at most this many seconds, $2: label, rest: ipc_allreduce.py options
+  local cap=$1 label=$2; shift 2
+  local T=$(( $(left) - 3 )); [ $T -gt $cap ] && T=$cap
+  step "$label"
+  if [ $T -lt 20 ]; then echo "skipped: $(left) s left (BUDGET=$BUDGET)"; return; fi
+  timeout $(( T + 2 )) $PY benchmarks/ipc_allreduce.py --paths pcie-ipc --hidden "$HIDDEN" --tokens 1,8 \
+    --timeout $(( T - 2 )) --show-stderr "$@"
+  echo "exit $?"
+}
+run_ipc 40 "1. PCIe-IPC at 1, 8 x $HIDDEN, seed configurations (no tune())" --no-tune --out "$OUT/seed"
+run_ipc 120 "2. PCIe-IPC at 1, 8 x $HIDDEN after FlashInfer's tune() (rows 1,2,4,8)" --out "$OUT/tuned"
+
+step "3. tune-nccl: default NCCL profile, then the PCIe-IPC runs at 1, 8 x $HIDDEN"
+T=$(( $(left) - 3 ))
+if [ $T -ge 45 ]; then
+  timeout $T $PY -m sglang_pcie tune-nccl --profiles default --tokens 1,8 --prefill-tokens none --hidden "$HIDDEN" \
+    --ipc on --timeout 40 --ipc-timeout $(( T - 25 )) --out "$OUT/tune.json"
+  echo "exit $?"
+else echo "skipped: $(left) s left (BUDGET=$BUDGET; about 60 s more runs it)"; fi
+echo; echo "=== done in $(( $(date +%s) - START )) s; log: $OUT/smoke.log"
