@@ -6,11 +6,12 @@
 # $OUT/smoke.log (default OUT=/tmp/ipc-smoke). Steps:
 #   0. FlashInfer 0.7.2 from .gpu-fi into /tmp/fi (PYTHONPATH), imported and its PCIe-IPC kernels JIT-built once,
 #      in one process (so the ranks load them, not race to build them);
-#   1. the IPC path at 1 and 8 tokens x 7168 bf16, 122 all-reduces per CUDA graph, sums checked, FlashInfer's seed
-#      launch configurations (--no-tune): workspace, prepare, capture, replay, destroy, without tune();
-#   2. the same with FlashInfer's tune() first (rows 1,2,4,8, as SGLang's adapter asks for 8 x 7168), into a
-#      scratch cache;
-#   3. tune-nccl, the default NCCL profile only, then its PCIe-IPC runs at 1 and 8 tokens (usually needs BUDGET=150).
+#   1. the IPC path at TOKENS (default 1,8) x HIDDEN (default 7168) bf16, 122 all-reduces per CUDA graph, sums
+#      checked, FlashInfer's seed launch configurations (--no-tune): workspace, prepare, capture, replay, destroy;
+#   2. the same with FlashInfer's tune() first (rows 1,2,4,8 for 8 tokens, as SGLang's adapter asks for an 8-row
+#      workspace), into a scratch cache;
+#   3. tune-nccl, the default NCCL profile only, then its PCIe-IPC runs at TOKENS (usually needs BUDGET=150).
+# HIDDEN=4096 TOKENS=1,8,64 repeats the sizes at which ipc_allreduce.py timed out in the first run.
 # Every step prints each rank's stderr tail: the workers' timed progress lines ("phase: ..."), and on a failure its
 # traceback, or on a hang every thread's Python stack (dumped just before the ranks are killed).
 set -u
@@ -18,6 +19,7 @@ export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/ipc-smoke}
 BUDGET=${BUDGET:-90}
 HIDDEN=${HIDDEN:-7168}
+TOKENS=${TOKENS:-1,8}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/smoke.log") 2>&1
 START=$(date +%s)
@@ -51,17 +53,17 @@ run_ipc() {  # $1: at most this many seconds, $2: label, rest: ipc_allreduce.py 
   local T=$(( $(left) - 3 )); [ $T -gt $cap ] && T=$cap
   step "$label"
   if [ $T -lt 20 ]; then echo "skipped: $(left) s left (BUDGET=$BUDGET)"; return; fi
-  timeout $(( T + 2 )) $PY benchmarks/ipc_allreduce.py --paths pcie-ipc --hidden "$HIDDEN" --tokens 1,8 \
+  timeout $(( T + 2 )) $PY benchmarks/ipc_allreduce.py --paths pcie-ipc --hidden "$HIDDEN" --tokens "$TOKENS" \
     --timeout $(( T - 2 )) --show-stderr "$@"
   echo "exit $?"
 }
-run_ipc 40 "1. PCIe-IPC at 1, 8 x $HIDDEN, seed configurations (no tune())" --no-tune --out "$OUT/seed"
-run_ipc 120 "2. PCIe-IPC at 1, 8 x $HIDDEN after FlashInfer's tune() (rows 1,2,4,8)" --out "$OUT/tuned"
+run_ipc 40 "1. PCIe-IPC at $TOKENS x $HIDDEN, seed configurations (no tune())" --no-tune --out "$OUT/seed"
+run_ipc 120 "2. PCIe-IPC at $TOKENS x $HIDDEN after FlashInfer's tune() (rows: powers of 2 up to the largest)" --out "$OUT/tuned"
 
-step "3. tune-nccl: default NCCL profile, then the PCIe-IPC runs at 1, 8 x $HIDDEN"
+step "3. tune-nccl: default NCCL profile, then the PCIe-IPC runs at $TOKENS x $HIDDEN"
 T=$(( $(left) - 3 ))
 if [ $T -ge 45 ]; then
-  timeout $T $PY -m sglang_pcie tune-nccl --profiles default --tokens 1,8 --prefill-tokens none --hidden "$HIDDEN" \
+  timeout $T $PY -m sglang_pcie tune-nccl --profiles default --tokens "$TOKENS" --prefill-tokens none --hidden "$HIDDEN" \
     --ipc on --timeout 40 --ipc-timeout $(( T - 25 )) --out "$OUT/tune.json"
   echo "exit $?"
 else echo "skipped: $(left) s left (BUDGET=$BUDGET; about 60 s more runs it)"; fi
