@@ -412,7 +412,8 @@ class IntervalStats:
         self.requests = 0  # ... over the decode cycles whose tokens are known
         self.tokens = 0
         self.token_cycles = 0  # decode cycles whose tokens are known
-        self.wall_start = self.wall_end = None  # perf_counter_ns: first decode cycle's start, last one's end
+        self.wall_start = self.wall_end = None  # perf_counter_ns: first decode cycle's start, the next cycle's start
+        # after the last decode cycle (that cycle's end until then)
         self.wall_cycle_ns = 0  # summed host time from one decode cycle's start to the next's (decode -> decode)
         self.wall_cycles = 0
         self.host_ns = 0  # profiler hooks, all of them
@@ -586,6 +587,7 @@ class Profiler:
         self._current = None  # the timed cycle being run by the worker, if any
         self._in_cycle = False
         self._cycle_no = 0
+        self._wall_owner = None  # the interval whose last decode cycle ran last: its wall time ends at the next start
         self._last_decode_start = None  # perf_counter_ns at the start of the previous cycle, if it was a decode cycle
         self._stash = None  # the last decode cycle's result, until SGLang has made its host copy of accept_lens
         self._token_mode = None  # "sglang": SGLang's host copy is read; "own": timed cycles stage their own
@@ -641,6 +643,12 @@ class Profiler:
                 self._bind(worker, function)
                 if not self.active:
                     return None
+            owner = self._wall_owner
+            if owner is not None:  # an interval's wall time runs to the start of the cycle after its last decode
+                owner.wall_end = start
+                self._wall_owner = None
+                if self._closing and self._closing[0].outstanding <= 0:
+                    self._report_closed()
             kind = cycle_kind(args[0] if args else kwargs.get("batch", kwargs.get("model_worker_batch")))
             self._cycle_no += 1
             if self._stash is not None:  # before this cycle allocates: the previous result is not kept alive by us
@@ -693,7 +701,8 @@ class Profiler:
                 self._current = None
             if kind == DECODE:
                 stats.decode_cycles += 1
-                stats.wall_end = start
+                stats.wall_end = start  # until the next cycle starts
+                self._wall_owner = stats
                 self._count_tokens(result, slot, stats)
             else:
                 stats.prefill_cycles += 1
@@ -712,7 +721,7 @@ class Profiler:
                     timed_ns += _now() - read_start
             if stats.decode_cycles >= self.interval:
                 self._close(stats)
-            if self._closing and self._closing[0].outstanding <= 0:
+            if self._closing and self._closing[0].outstanding <= 0 and self._wall_owner is not self._closing[0]:
                 self._report_closed()
         except Exception as exc:
             self._fail(exc)
@@ -979,6 +988,7 @@ class Profiler:
         if self._current is not None:  # interrupted in the middle of a timed cycle (a signal): drop it
             self.abort_cycle(self._current)
         self._in_cycle = False
+        self._wall_owner = None  # no next cycle: the wall time ends with the last decode cycle
         if self._stash is not None:
             self._collect_stash()
         if self._copies:

@@ -383,6 +383,32 @@ def test_without_sglangs_host_copy_timed_cycles_count_their_own_tokens(profiler_
     assert record["tokens_per_s_served"] == pytest.approx(2.0 * 150 / record["wall_s"])
 
 
+def test_wall_time_tiles_back_to_back_intervals(profiler_factory, monkeypatch):
+    """Each decode cycle takes 1 ms in the worker and the scheduler 0.5 ms between cycles: an interval's wall time
+    runs to the start of the cycle after its last one, so back-to-back intervals tile the time."""
+    now = [0]
+    monkeypatch.setattr(ep, "_now", lambda: now[0])
+
+    class Timed(Worker):
+        def forward_batch_generation(self, batch):
+            now[0] += 1_000_000
+            return super().forward_batch_generation(batch)
+
+    Timed.forward_batch_generation = ep.wrap(Timed.forward_batch_generation, "cycle")
+    profiler = profiler_factory(interval=3, clock=GpuTimeline())
+    worker = Timed()
+    for _ in range(7):
+        worker.forward_batch_generation(batch())
+        profiler._clock.completed = profiler._clock.recorded
+        now[0] += 500_000
+    profiler.flush()
+    assert [r["decode_cycles"] for r in profiler.records] == [3, 3, 1]
+    assert [r["wall_s"] for r in profiler.records] == [pytest.approx(0.0045), pytest.approx(0.0045),
+                                                       pytest.approx(0.001)]  # the last: flushed, no next cycle
+    assert all(r["wall_cycle_ms"] == pytest.approx(1.5) for r in profiler.records)
+    assert profiler.records[0]["tokens_per_s_served"] == pytest.approx(18 / 0.0045)
+
+
 def test_sample_every_adapts_to_the_host_budget():
     profiler = ep.Profiler(sample_every=None)
     assert profiler.sample_every == ep.SAMPLE_START
