@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -90,24 +91,30 @@ def main(argv=None, worker_command=None) -> int:
                "tokens": args.tokens, "layers": args.layers, "runs": []}
     top = max(args.tokens)
     began = time.monotonic()
-    for hidden, path in runs:
-        spec = {"backend": "nccl", "tokens": args.tokens, "hidden": hidden, "dtype": "bf16",
-                "allreduces": 2 * args.layers}
-        if path != "nccl":
-            spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
-                        tune_batches=tune_nccl.sglang_tune_ladder(top), soak=args.soak)
-        outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command, keep_stderr=args.show_stderr)
-        row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
-               "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info,
-               "stderr_tails": {str(r): lines for r, lines in outcome.stderr_tails.items()}}
-        results["runs"].append(row)
-        print(f"# {path} hidden {hidden}: {outcome.wall_s:.1f} s"
-              + (f", FAILED: {outcome.error}" if outcome.error else "")
-              + (f", tuned {outcome.info.get('tuned_shapes')} shapes in {outcome.info.get('tune_s')} s"
-                 if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
-        if outcome.stderr_tails:  # a failure, or --show-stderr
-            print(f"# the ranks' stderr ends (last {tune_nccl.STDERR_TAIL_LINES} lines each):\n"
-                  + tune_nccl.format_tails(outcome.stderr_tails, indent="#   "), flush=True)
+    # Stopped by an outer `timeout`: unwind, so that run_profile kills the ranks (their own sessions would otherwise
+    # keep spinning on the GPUs into whatever runs next).
+    previous = signal.signal(signal.SIGTERM, tune_nccl._stop)
+    try:
+        for hidden, path in runs:
+            spec = {"backend": "nccl", "tokens": args.tokens, "hidden": hidden, "dtype": "bf16",
+                    "allreduces": 2 * args.layers}
+            if path != "nccl":
+                spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
+                            tune_batches=tune_nccl.sglang_tune_ladder(top), soak=args.soak)
+            outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command, keep_stderr=args.show_stderr)
+            row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
+                   "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info,
+                   "stderr_tails": {str(r): lines for r, lines in outcome.stderr_tails.items()}}
+            results["runs"].append(row)
+            print(f"# {path} hidden {hidden}: {outcome.wall_s:.1f} s"
+                  + (f", FAILED: {outcome.error}" if outcome.error else "")
+                  + (f", tuned {outcome.info.get('tuned_shapes')} shapes in {outcome.info.get('tune_s')} s"
+                     if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
+            if outcome.stderr_tails:  # a failure, or --show-stderr
+                print(f"# the ranks' stderr ends (last {tune_nccl.STDERR_TAIL_LINES} lines each):\n"
+                      + tune_nccl.format_tails(outcome.stderr_tails, indent="#   "), flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     results["wall_s"] = round(time.monotonic() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(render(results))
