@@ -196,11 +196,17 @@ class SglangModels:
         self.tree = SourceTree(root)
         self.version = self.tree.version
         self.folder = self.tree.root / "sglang" / "srt" / "models"
-        self._texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in sorted(self.folder.glob("*.py"))}
+        self._texts = {p: p.read_text(encoding="utf-8-sig", errors="replace")  # some files start with a BOM
+                       for p in sorted(self.folder.glob("*.py"))}
         self._parsed: dict[Path, ast.Module] = {}
+        self._entries: dict[bool, dict[str, Path]] = {}
+        self._class_files: dict[str, list[Path]] | None = None
 
     def entry_classes(self, eagle3_only: bool = False) -> dict[str, Path]:
-        found = {}
+        """Architecture name -> file, from every ``EntryClass`` (SGLang's model registry)."""
+        if eagle3_only in self._entries:
+            return self._entries[eagle3_only]
+        found = self._entries[eagle3_only] = {}
         for path, text in self._texts.items():
             if eagle3_only and "eagle3" not in path.name:
                 continue
@@ -209,20 +215,30 @@ class SglangModels:
                     found.setdefault(name, path)
         return found
 
-    def class_def(self, name: str) -> tuple[Path, ast.ClassDef] | None:
-        pattern = re.compile(rf"^class {re.escape(name)}\b", re.M)
-        for path, text in self._texts.items():
-            if pattern.search(text):
-                if path not in self._parsed:
-                    self._parsed[path] = ast.parse(text)
-                for node in self._parsed[path].body:
-                    if isinstance(node, ast.ClassDef) and node.name == name:
-                        return path, node
+    def class_def(self, name: str, near: Path | None = None) -> tuple[Path, ast.ClassDef] | None:
+        """The class ``name``: in ``near`` (the file naming it) if defined there, else in the file whose
+        EntryClass lists it, else the first file defining it (two files may define classes of one name)."""
+        if self._class_files is None:
+            self._class_files = {}
+            for path, text in self._texts.items():
+                for found in re.findall(r"^class (\w+)", text, re.M):
+                    self._class_files.setdefault(found, []).append(path)
+        files = self._class_files.get(name, [])
+        first = [p for p in (near, self.entry_classes().get(name)) if p in files]
+        for path in first + [p for p in files if p not in first]:
+            if path not in self._parsed:
+                try:
+                    self._parsed[path] = ast.parse(self._texts[path])
+                except SyntaxError:  # written for a newer Python than this one
+                    self._parsed[path] = ast.Module(body=[], type_ignores=[])
+            for node in self._parsed[path].body:
+                if isinstance(node, ast.ClassDef) and node.name == name:
+                    return path, node
         return None
 
-    def method(self, class_name: str, method: str, depth: int = 0):
+    def method(self, class_name: str, method: str, depth: int = 0, near: Path | None = None):
         """(file, ClassDef, FunctionDef) of ``method`` on ``class_name`` or its bases (by name)."""
-        found = self.class_def(class_name)
+        found = self.class_def(class_name, near)
         if found is None or depth > 12:
             return None
         path, cls = found
@@ -232,7 +248,7 @@ class SglangModels:
         for base in cls.bases:
             base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
             if base_name and base_name != class_name:
-                hit = self.method(base_name, method, depth + 1)
+                hit = self.method(base_name, method, depth + 1, near=path)
                 if hit:
                     return hit
         return None
@@ -276,10 +292,17 @@ class _StandIn:
             object.__getattribute__(self, "_record").append(list(value))
         object.__getattribute__(self, "_attrs")[name] = value
 
+    def __getitem__(self, key):  # self.model.layers[i]: another stand-in
+        return _StandIn(object.__getattribute__(self, "_record"))
+
+    def __call__(self, *args, **kwargs):  # get_parallel(): another stand-in
+        return _StandIn(object.__getattribute__(self, "_record"))
+
 
 _SAFE_BUILTINS = {name: getattr(builtins, name)
                   for name in ("len", "max", "min", "list", "tuple", "set", "sorted", "range", "int", "any", "all",
-                               "enumerate", "isinstance", "hasattr", "getattr", "ValueError", "AttributeError",
+                               "enumerate", "isinstance", "hasattr", "getattr", "setattr", "ValueError",
+                               "AttributeError",
                                "NotImplementedError", "RuntimeError")}
 
 
@@ -289,10 +312,15 @@ class CaptureRule:
 
     source: str  # where the rule comes from, for the report
     compute: object  # callable: ids or None -> list[int] | None
-    file_text: str = ""  # the model file holding the layer loop (the innermost class's)
+    file_text: str = field(default="", repr=False)  # the model file holding the layer loop
 
     def __call__(self, ids):
         return self.compute(ids)
+
+
+def _config_stand_in(record: list, config: dict) -> _StandIn:
+    return _StandIn(record, {key: _config_stand_in(record, value) if isinstance(value, dict) else value
+                             for key, value in config.items()})
 
 
 def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, text_config: dict,
@@ -302,8 +330,10 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
     if hit is None or depth > 3:
         return None
     path, cls, func = hit
-    # A wrapper (Kimi-K2.5) forwards to self.<attribute>.set_eagle3_layers_to_capture: follow that class.
-    delegates = {}
+    # A wrapper (Kimi-K2.5) forwards to self.<attribute>.set_eagle3_layers_to_capture: follow that class. Where
+    # the class cannot be named (``self.model = language_model_cls(...)``), an inner ``model`` is taken to keep
+    # the indices it is given, as every such ``*Model`` method in 0.5.9-0.5.23 does.
+    delegates, notes = {}, []
     for node in ast.walk(func):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "set_eagle3_layers_to_capture"
@@ -312,9 +342,17 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
             attribute = node.func.value.attr
             inner_class = models.attribute_class(cls.name, attribute)
             inner = inner_class and sglang_capture_rule(models, inner_class, text_config, text_config, depth + 1)
+            if inner is None and attribute == "model":
+                inner = CaptureRule("", lambda ids: None if ids is None else list(ids))
+                notes.append("self.model.set_eagle3_layers_to_capture assumed to keep the indices it is given")
             if inner is None:
                 return None
             delegates[attribute] = inner
+    # Names of the method's module (get_parallel(), logger) become stand-ins too.
+    local_names = {a.arg for a in func.args.posonlyargs + func.args.args + func.args.kwonlyargs}
+    local_names |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    free_names = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    free_names -= local_names | set(_SAFE_BUILTINS) | {"True", "False", "None"}
     func = copy.deepcopy(func)
     func.decorator_list, func.returns = [], None
     for arg in func.args.posonlyargs + func.args.args + func.args.kwonlyargs:
@@ -323,20 +361,28 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
         return None
     module = ast.fix_missing_locations(ast.Module(body=[func], type_ignores=[]))
     namespace = {"__builtins__": _SAFE_BUILTINS}
+    namespace.update({name: _StandIn([]) for name in free_names})
     try:
         exec(compile(module, str(path), "exec"), namespace)  # defines this one method; imports nothing
     except Exception:  # a default value naming something of SGLang's: the rule cannot run alone
         return None
     method = namespace[func.name]
     where = f"{cls.name}.set_eagle3_layers_to_capture ({path.name}, SGLang {models.version})"
+    where += "".join(f"; {note}" for note in notes)
+
+    num_layers = text_config.get("num_hidden_layers")
 
     def compute(ids):
         record: list = []
-        attrs = {"config": _StandIn(record, {"num_hidden_layers": text_config.get("num_hidden_layers"), **config})}
+        # config.json as attributes (nested objects too); inner models with as many layers as the config says.
+        attrs = {"config": _config_stand_in(record, {"num_hidden_layers": num_layers, **config})}
+        layers = [_StandIn(record) for _ in range(num_layers if isinstance(num_layers, int) else 0)]
+        for attribute in ("model", "language_model"):
+            attrs[attribute] = _StandIn(record, {"layers": layers})
         for attribute, inner in delegates.items():
             def forward(layer_ids, inner=inner):
                 record.append(inner(layer_ids))
-            attrs[attribute] = _StandIn(record, {"set_eagle3_layers_to_capture": forward})
+            attrs[attribute] = _StandIn(record, {"layers": layers, "set_eagle3_layers_to_capture": forward})
         try:
             method(_StandIn(record, attrs), None if ids is None else list(ids))
         except Exception:

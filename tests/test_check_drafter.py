@@ -282,6 +282,28 @@ def test_capture_rule_runs_the_releases_own_method(pristine_source, version, arc
     assert rule(ids) == expected
 
 
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_every_target_rule_of_a_release_runs_alone(pristine_source, version):
+    """Each EntryClass with set_eagle3_layers_to_capture: its own method runs on the stand-in and gives one of
+    the two rules the releases have (MindSpore's forwards to a model outside SGLang)."""
+    models = cd.SglangModels(pristine_source(version))
+    text = {"num_hidden_layers": 40}
+    rules = {name: cd.sglang_capture_rule(models, name, {"text_config": text, **text}, text)
+             for name in sorted(models.entry_classes()) if models.method(name, "set_eagle3_layers_to_capture")}
+    assert len(rules) > 35
+    unresolved = sorted(name for name, rule in rules.items() if rule is None or rule(None) is None)
+    assert unresolved == ([] if version == "0.5.9" else ["MindSporeForCausalLM"])
+    adds_one = {name for name, rule in rules.items() if rule and rule([2, 20, 37]) == [3, 21, 38]}
+    keeps = {name for name, rule in rules.items() if rule and rule([2, 20, 37]) == [2, 20, 37]}
+    assert adds_one | keeps | set(unresolved) == set(rules)
+    assert "LlamaForCausalLM" in adds_one and "Qwen3MoeForCausalLM" in adds_one
+    if version == "0.5.9":
+        assert keeps == set()
+    else:
+        assert {"DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM"} <= keeps
+        assert all(rules[name]([1, 19, 36]) == [2, 20, 37] for name in keeps - {"MindSporeForCausalLM"})
+
+
 def test_kimi_k25_wrapper_has_no_rule_in_0_5_9(src9):
     text = {"num_hidden_layers": KIMI_LAYERS}
     assert cd.sglang_capture_rule(cd.SglangModels(src9), "KimiK25ForConditionalGeneration", {"text_config": text},
