@@ -573,7 +573,12 @@ def test_coverage_with_own_text(capsys, tmp_path, pair):
 
 def test_hugging_face_cache_entry_and_sharded_target(capsys, tmp_path, tokenizer_json, frequent_ids, src23):
     entry = tmp_path / "hub" / "models--org--target"
-    make_target(entry / "snapshots" / "abc123", tokenizer_json, shards=3, layer_tensors=4)
+    snapshot = make_target(entry / "snapshots" / "abc123", tokenizer_json, shards=3, layer_tensors=4)
+    (entry / "blobs").mkdir()
+    for file in list(snapshot.iterdir()):  # as huggingface_hub stores them: links into blobs/
+        blob = entry / "blobs" / f"blob-{file.name}"
+        file.rename(blob)
+        file.symlink_to(Path("..", "..", "blobs", blob.name))
     make_target(entry / "snapshots" / "old999", tokenizer_json, vocab=7)  # an older snapshot: must not be used
     (entry / "refs").mkdir()
     (entry / "refs" / "main").write_text("abc123\n")
