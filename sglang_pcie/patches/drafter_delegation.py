@@ -545,9 +545,20 @@ def hook_problems(tree: SourceTree) -> list[str]:
     if not any(isinstance(n, ast.Call) and ast.unparse(n.func) == "self.load_model"
                for name, method in methods.items() if name != "load_model" for n in ast.walk(method)):
         problems.append("ModelRunner never calls self.load_model()")
-    assigned = _self_assigned(cls)
-    problems += [f"ModelRunner never sets self.{a}" for a in ("model", "is_draft_worker", "spec_algorithm")
-                 if a not in assigned]
+    if "model" not in _self_assigned(cls):
+        problems.append("ModelRunner never sets self.model")
+    # The wrapper reads these right after loading: __init__ must set them before it loads (through initialize).
+    init = methods.get("__init__")
+    loads = [n.lineno for n in ast.walk(init) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) in ("self.initialize", "self.load_model")] if init else []
+    for attr in ("is_draft_worker", "spec_algorithm"):
+        lines = [n.lineno for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                 and any(_self_attr(t) == attr for t in getattr(n, "targets", [getattr(n, "target", None)]))] \
+            if init else []
+        if not lines:
+            problems.append(f"ModelRunner.__init__ never sets self.{attr}")
+        elif loads and min(lines) > min(loads):
+            problems.append(f"ModelRunner.__init__ sets self.{attr} only after loading the model")
     imported = next((_absolute(tree, MODEL_RUNNER, node) for node in module.body if isinstance(node, ast.ImportFrom)
                      and any((a.asname or a.name) == "SpeculativeAlgorithm" for a in node.names)), None)
     if imported is None:
