@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from sglang_pcie.base import DISABLED, ERROR, FAILING_STATUSES, NOT_APPLICABLE, Patch, Result, SourceTree
+from sglang_pcie.base import (APPLICABLE, DISABLED, ERROR, FAILING_STATUSES, NOT_APPLICABLE, Patch, Result,
+                              SourceTree)
 from sglang_pcie.registry import all_patches
 
 
@@ -61,7 +62,9 @@ def static_results(tree: SourceTree, settings) -> list[tuple[Patch, Result]]:
         reason = patch.disabled_reason(settings)
         # A patch the user switched off is reported disabled, but drift is still worth knowing about.
         if reason and result.status not in FAILING_STATUSES:
-            result = Result(DISABLED, f"{reason} (source check: {result.status})")
+            # Why it would not apply anyway is worth saying (a release outside the range, upstream already).
+            check = result.status if result.status == APPLICABLE else f"{result.status}: {result.detail}"
+            result = Result(DISABLED, f"{reason} (source check: {check})")
         results.append((patch, result))
     return results
 

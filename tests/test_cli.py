@@ -90,6 +90,16 @@ def test_sglang_version_fetches_the_release(capsys):
     assert code == 0 and json.loads(out)["sglang_version"] == "0.5.21"
 
 
+def test_a_release_older_than_the_covered_range_is_not_applicable(capsys):
+    """Issue 10: `verify-patches --sglang-version 0.5.7` must not say applicable; every row names the range."""
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-version", "0.5.7", "--json")
+    rows = json.loads(out)["patches"]
+    assert code == 0 and [row["id"] for row in rows] == PATCH_IDS
+    assert all(row["status"] in ("not-applicable", "disabled") for row in rows), rows
+    assert all("sglang 0.5.7 is older than the releases this patch covers (0.5.8 to 0.5.23)" in row["detail"]
+               for row in rows), rows
+
+
 def test_human_table_names_each_patch_and_the_nccl_profile(capsys, pristine_source):
     code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")))
     assert code == 0

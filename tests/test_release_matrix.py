@@ -38,6 +38,16 @@ def committed_diffs(version: str) -> dict[str, str]:
     return {p.name: p.read_text() for p in (REPO / "patches" / version).glob("*.diff")}
 
 
+def test_each_patch_covers_a_range_of_covered_releases():
+    """The release range verify enforces (older: not-applicable; newer: "not yet covered by tests") is each
+    patch's `releases`, whose ends are releases the tests cover."""
+    from sglang_pcie.verify import release_bounds
+
+    for patch in all_patches():
+        first, last = release_bounds(patch)
+        assert first in COVERED_RELEASES and last in COVERED_RELEASES, (patch.id, patch.releases)
+
+
 def test_select_releases_is_inclusive_and_ordered():
     available = ["0.5.10", "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10.post1"]
     assert select_releases(available, "0.5.8", "0.5.10") == ["0.5.8", "0.5.8.post1", "0.5.9", "0.5.10"]
