@@ -42,6 +42,8 @@ SAMPLE_TEXT = Path(__file__).parent / "data" / "sample.txt"
 # Coverage thresholds (share of the sample's target tokens inside the draft vocabulary); see docs/check-drafter.md.
 COVERAGE_WARN = 0.80
 COVERAGE_FAIL = 0.50
+INTEGER_KEYS = ("hidden_size", "target_hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size", "num_aux_hidden_states")
 # A mapping tensor is read whole; anything this large is not a vocabulary map.
 MAX_MAP_ELEMENTS = 16 * 1024 * 1024
 
@@ -108,8 +110,28 @@ class Checkpoint:
             raise InputError(f"{self.dir / 'config.json'}: unreadable ({exc})") from None
         if not isinstance(self.config, dict):
             raise InputError(f"{self.dir / 'config.json'}: not a JSON object")
+        self._check_types()
         self._tensors: dict[str, Path] | None = None
         self._headers: dict[Path, dict] = {}
+
+    def _check_types(self) -> None:
+        """The numbers the checks use are integers (a quoted "7168" would otherwise multiply as a string)."""
+        where = self.dir / "config.json"
+        for scope in (self.config, self.text_config):
+            for key in INTEGER_KEYS:
+                value = scope.get(key)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise InputError(f"{where}: {key} is {value!r}, not an integer")
+        eagle = self.config.get("eagle_config")
+        if eagle is not None and not isinstance(eagle, dict):
+            raise InputError(f"{where}: eagle_config is {eagle!r}, not an object")
+        ids = (eagle or {}).get("eagle_aux_hidden_state_layer_ids")
+        if ids is not None and not (isinstance(ids, list)
+                                    and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            raise InputError(f"{where}: eagle_aux_hidden_state_layer_ids is {ids!r}, not a list of integers")
+        archs = self.config.get("architectures")
+        if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+            raise InputError(f"{where}: architectures is {archs!r}, not a list of names")
 
     @property
     def text_config(self) -> dict:
@@ -827,11 +849,15 @@ def run_checks(draft: str, target: str | None = None, other: str | None = None, 
                   sglang_models(sglang_source, sglang_version), Path(text) if text else SAMPLE_TEXT)
     if text and not ctx.text_path.is_file():
         raise InputError(f"--text {text}: no such file")
-    checks = [check_architecture(ctx), *check_shapes(ctx), check_layer_ids(ctx), check_mapping(ctx),
-              check_coverage(ctx)]
-    comparison = check_comparison(ctx)
-    if comparison:
-        checks.append(comparison)
+    checks = []
+    for check in (check_architecture, check_shapes, check_layer_ids, check_mapping, check_coverage,
+                  check_comparison):
+        try:
+            result = check(ctx)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # e.g. "hidden_size": "7168"
+            raise InputError(f"{check.__name__.replace('check_', '')}: a config value has the wrong type or form"
+                             f" ({type(exc).__name__}: {exc})") from None
+        checks.extend(result if isinstance(result, list) else [result] if result else [])
     return {"draft": str(ctx.draft.dir), "target": str(ctx.target.dir) if ctx.target else None,
             "sglang_version": ctx.models.version if ctx.models else None,
             "checks": [c.as_dict() for c in checks],

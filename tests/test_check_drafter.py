@@ -631,7 +631,8 @@ def test_reads_headers_and_maps_only(capsys, tmp_path, tokenizer_json, frequent_
     assert 0 < sum(read) < 64 * 1024, read
 
 
-@pytest.mark.parametrize("problem", ["missing", "no-config", "bad-json", "bad-header", "missing-shard", "text"])
+@pytest.mark.parametrize("problem", ["missing", "no-config", "bad-json", "bad-header", "missing-shard", "text",
+                                     "bad-value"])
 def test_unreadable_input_exits_2(capsys, tmp_path, pair, problem):
     target, draft = pair
     args = ["--draft", draft, "--target", target]
@@ -643,6 +644,9 @@ def test_unreadable_input_exits_2(capsys, tmp_path, pair, problem):
         (draft / "config.json").write_text("{not json")
     elif problem == "bad-header":
         (draft / "model.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    elif problem == "bad-value":
+        config = json.loads((draft / "config.json").read_text())
+        (draft / "config.json").write_text(json.dumps({**config, "hidden_size": "thirty-two"}))
     elif problem == "missing-shard":
         (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "gone.safetensors"}}))
     else:
