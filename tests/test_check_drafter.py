@@ -538,6 +538,22 @@ def test_unknown_architecture(capsys, tmp_path, frequent_ids, src23):
         by_name(report)["architecture"]["reason"]
 
 
+def test_reads_the_installed_sglang_without_importing_it(sglang_env, pair):
+    """In the real SGLang 0.5.23 install (with this checkout installed as a wheel) the installed release is read."""
+    target, draft = pair
+    env = sglang_env("0.5.23")
+    code = ("import json, sys\n"
+            "from sglang_pcie import check_drafter\n"
+            f"report = check_drafter.run_checks({str(draft)!r}, {str(target)!r})\n"
+            "print(json.dumps({'report': report, 'imported': 'sglang' in sys.modules}))\n")
+    result = env.run_json(code)
+    assert result["imported"] is False
+    checks = by_name(result["report"])
+    assert checks["architecture"]["reason"].startswith("LlamaForCausalLMEagle3 is an EAGLE-3 draft class of"
+                                                         " SGLang 0.5.23")
+    assert "deepseek_v2.py, SGLang 0.5.23" in checks["layer ids"]["rule"]
+
+
 def test_without_sglang_the_architecture_is_not_checked(capsys, tmp_path, frequent_ids, monkeypatch):
     monkeypatch.setattr("sglang_pcie.base.installed_sglang_root", lambda: None)
     draft = make_draft(tmp_path / "draft", frequent_ids)
