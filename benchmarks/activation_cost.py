@@ -47,15 +47,15 @@ if startup is not None:
                 hooks["s"] += time.perf_counter() - began
                 hooks["calls"] += 1
     startup.ImportWatcher._call = timed
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import sglang
 t1 = time.perf_counter()
 import sglang.srt.models.registry
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.process_time()
 active = "sglang_pcie.activate" in sys.modules
 switched_off = dict(sys.modules["sglang_pcie.activate"].SWITCHED_OFF) if active else {}
 hooked = sorted(sys.modules["sglang_pcie.activate"].RESULTS) if active else []
-print(json.dumps({"import_sglang_s": t1 - t0, "registry_s": t2 - t1, "hooks_s": hooks["s"],
+print(json.dumps({"import_sglang_s": t1 - t0, "registry_s": t2 - t1, "cpu_s": c2 - c0, "hooks_s": hooks["s"],
                   "hook_calls": hooks["calls"], "overlay_active": active, "switched_off": switched_off,
                   "patched": hooked, "sglang": sglang.__version__}))
 '''
@@ -142,6 +142,7 @@ def measure(version: str, runs: int, install: bool) -> dict:
         total = [r["import_sglang_s"] + r["registry_s"] for r in rows]
         result[mode] = {"import_sglang_s": spread([r["import_sglang_s"] for r in rows]),
                         "registry_s": spread([r["registry_s"] for r in rows]), "total_s": spread(total),
+                        "cpu_s": spread([r["cpu_s"] for r in rows]),
                         "hooks_s": spread([r["hooks_s"] for r in rows]), "hook_calls": rows[-1]["hook_calls"],
                         "overlay_active": rows[-1]["overlay_active"], "switched_off": rows[-1]["switched_off"],
                         "patched": rows[-1]["patched"]}
@@ -149,6 +150,10 @@ def measure(version: str, runs: int, install: bool) -> dict:
     without = result["without"]["total_s"]["median"]
     result["delta_total_ms"] = (with_overlay - without) * 1e3
     result["delta_total_pct"] = (with_overlay / without - 1) * 100
+    cpu_with, cpu_without = result["overlay"]["cpu_s"]["median"], result["without"]["cpu_s"]["median"]
+    result["delta_cpu_ms"] = (cpu_with - cpu_without) * 1e3
+    result["delta_cpu_pct"] = (cpu_with / cpu_without - 1) * 100
+    result["hooks_pct_of_total"] = result["overlay"]["hooks_s"]["median"] / with_overlay * 100
     return result
 
 
@@ -162,11 +167,14 @@ def format_result(r: dict) -> str:
         lines.append(f"  {mode:8} import sglang {cell(m['import_sglang_s'])}")
         lines.append(f"  {'':8} + registry    {cell(m['registry_s'])}")
         lines.append(f"  {'':8} = total       {cell(m['total_s'])}")
+        lines.append(f"  {'':8}   CPU time    {cell(m['cpu_s'])}")
     o = r["overlay"]
     lines.append(f"  overlay hooks (activation + patch hooks, {o['hook_calls']} calls): {cell(o['hooks_s'])}")
     lines.append(f"  switched off (not registered): {o['switched_off'] or 'none'}; hooks ran for: "
                  f"{', '.join(o['patched']) or 'none'}")
-    lines.append(f"  difference of median totals: {r['delta_total_ms']:+.1f} ms ({r['delta_total_pct']:+.2f}%)")
+    lines.append(f"  overlay hooks are {r['hooks_pct_of_total']:.2f}% of the overlay run's total")
+    lines.append(f"  difference of median totals: wall {r['delta_total_ms']:+.1f} ms ({r['delta_total_pct']:+.2f}%), "
+                 f"CPU {r['delta_cpu_ms']:+.1f} ms ({r['delta_cpu_pct']:+.2f}%)")
     return "\n".join(lines)
 
 

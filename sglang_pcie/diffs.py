@@ -169,11 +169,26 @@ def apply_release_diffs(tree: SourceTree, reverse: bool = False, dry_run: bool =
                 step.action, step.why = REFUSE, problem
         if run.refused or dry_run:
             return run
-        for rel in files:  # every diff applied and checked out: move the patched copies into place
-            staged = tree.root / (rel + ".sglang-pcie-new")
-            shutil.copy2(work / rel, staged)
-            os.replace(staged, tree.root / rel)
+        _install(tree.root, work, files)
     return run
+
+
+def _install(root: Path, work: Path, files: list[str]) -> None:
+    """Every diff applied and checked out: stage each patched copy beside its original, then rename them all
+    over the originals. A target that cannot be written fails at staging, before any original is replaced."""
+    staged = []
+    try:
+        for rel in files:
+            target = root / (rel + ".sglang-pcie-new")
+            shutil.copyfile(work / rel, target)  # never into a folder of that name, unlike copy2
+            staged.append(target)
+            shutil.copymode(root / rel, target)  # the original's mode; a new mtime, so no stale .pyc is used
+    except OSError as exc:
+        for target in staged:
+            target.unlink(missing_ok=True)
+        raise DiffError(f"cannot write in {root}: {exc}; nothing changed") from None
+    for rel, target in zip(files, staged):
+        os.replace(target, root / rel)
 
 
 def _copy(root: Path, dest: Path, files) -> None:

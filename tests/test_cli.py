@@ -230,6 +230,18 @@ def test_apply_diffs_applies_only_the_change_the_check_approves(copy_of, tmp_pat
     assert snapshot(target, version) == before
 
 
+def test_apply_diffs_that_cannot_write_changes_nothing(capsys, copy_of):
+    """A file that cannot be written (here: its staging name is taken by a folder) fails before any original is
+    replaced, and the copies already staged are removed."""
+    version = "0.5.9"
+    _, target, files = copy_of(version)
+    (target / (files[-1] + ".sglang-pcie-new")).mkdir()
+    before = snapshot(target, version)
+    code, out, err = run_cli(capsys, "apply-diffs", "--target", str(target))
+    assert code == 2 and out == "" and "cannot write in" in err and "nothing changed" in err
+    assert snapshot(target, version) == before
+
+
 def test_apply_diffs_for_a_release_without_diffs(capsys, tmp_path):
     (tmp_path / "sglang").mkdir()
     (tmp_path / "sglang/__init__.py").write_text("")
