@@ -714,7 +714,7 @@ class Profiler:
             if self._pending:
                 read_start = _now()
                 read = self._read_finished(self.read_per_call)
-                if len(self._pending) >= self.drain_batch + self.drain_lag:  # the GPU is far behind
+                if len(self._pending) >= self.drain_batch + self.drain_lag and not self._clock.capturing():
                     self._drain(self.drain_batch)
                     read = True
                 if read:  # reading timed cycles is their cost: it counts towards sample_every
@@ -827,6 +827,8 @@ class Profiler:
         cycle if it has not passed), True (wait for it), False (at exit: drop the copies not finished)."""
         copies, meta = self._copies, self._copy_meta
         newest = meta[-1][3]
+        if wait is None and newest is not None and self._clock.capturing():
+            return  # an event query is not allowed while a CUDA graph is being captured
         if newest is not None and not newest.query():
             if wait is None:
                 return
@@ -867,6 +869,8 @@ class Profiler:
         waits.  Returns how many it read."""
         pending, clock = self._pending, self._clock
         read = 0
+        if pending and self._cycle_no - pending[0].cycle_no >= self.drain_lag and clock.capturing():
+            return read  # an event query is not allowed while a CUDA graph is being captured
         while read < limit and pending and self._cycle_no - pending[0].cycle_no >= self.drain_lag:
             slot = pending[0]
             for mark_index in _end_marks(slot):

@@ -160,14 +160,17 @@ class GpuTimeline:
         return self.is_capturing
 
     def record(self, marks, index):
+        assert not self.is_capturing, "an event recorded while a CUDA graph is being captured"
         self.now += 1.0
         marks[index] = (self.recorded, self.now)
         self.recorded += 1
 
     def is_done(self, marks, index):
+        assert not self.is_capturing, "an event query while a CUDA graph is being captured"
         return marks[index][0] < self.completed
 
     def wait(self, marks, index):
+        assert not self.is_capturing, "an event wait while a CUDA graph is being captured"
         self.waits += 1
         self.completed = max(self.completed, marks[index][0] + 1)
 
@@ -434,6 +437,19 @@ def test_nothing_is_recorded_while_a_cuda_graph_is_being_captured(profiler_facto
         worker.forward_batch_generation(batch())
     assert clock.recorded == 0 and not profiler._pending and profiler._current is None
     assert worker.calls == 3 and profiler.active
+    # timed cycles waiting to be read when a capture starts: not read (no event query) until it ends
+    clock.is_capturing = False
+    for _ in range(3):
+        worker.forward_batch_generation(batch())
+    clock.completed = clock.recorded
+    clock.is_capturing = True
+    for _ in range(6):
+        worker.forward_batch_generation(batch())
+    assert profiler.active and len(profiler._pending) == 3
+    clock.is_capturing = False
+    profiler.flush()
+    assert profiler.active and sum(r["timed_cycles"] for r in profiler.records) == 3
+    assert sum(r["decode_cycles"] for r in profiler.records) == 12
 
 
 def test_an_exception_in_the_worker_passes_through_and_profiling_goes_on(profiler_factory):
@@ -630,8 +646,10 @@ if __name__ == "__main__":
         process.start()
         process.join()
         sys.exit(process.exitcode)
+    if how == "sigterm-handled":  # a handler of the program's own, set before the profiler's: still called after
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
     run(7)
-    if how == "sigterm":
+    if how.startswith("sigterm"):
         os.kill(os.getpid(), signal.SIGTERM)
         signal.pause()
     elif how == "os._exit":
@@ -640,7 +658,8 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("how, returncode, flushed", [
-    ("normal", 0, True), ("sigterm", -signal.SIGTERM, True), ("child", 1, True), ("os._exit", 3, False)])
+    ("normal", 0, True), ("sigterm", -signal.SIGTERM, True), ("sigterm-handled", 7, True), ("child", 1, True),
+    ("os._exit", 3, False)])
 def test_the_partial_interval_is_flushed_at_exit(tmp_path, how, returncode, flushed):
     out = tmp_path / "profile.jsonl"
     script = tmp_path / "run.py"
