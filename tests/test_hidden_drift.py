@@ -30,7 +30,6 @@ READ_BY_THE_CHECKS = (
     "sglang/srt/layers/layer_boundary/residual/add_norm.py",
     "sglang/srt/speculative", "sglang/srt/models", "sglang/srt/model_executor",
     "sglang/srt/runtime_context.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py",
-    "sglang/srt/managers/scheduler.py",
 )
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"

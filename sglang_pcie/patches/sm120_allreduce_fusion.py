@@ -554,10 +554,6 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
     return found[0] if found else None
 
 
-def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
-
-
 def _top_level_import_of(tree: SourceTree, module: str, module_tree: ast.Module, imported: str) -> ast.stmt | None:
     """The first top-level ``from <imported> import ...`` (relative or not) or ``import <imported>`` of a module."""
     for node in module_tree.body:

@@ -92,32 +92,6 @@ def move_method_to_base(root: Path, file: str, cls: str, methods: list[str], bas
     write_text(path, "".join(lines))
 
 
-def extract_to_helper(root: Path, file: str, cls: str, method: str, start: str, end: str, helper: str) -> None:
-    """Move the statements of ``cls.method`` from the line containing ``start`` to the line containing ``end``
-    (inclusive, same block) into a new method ``helper(self)`` of the class, called where they were. The
-    statements must not need the method's local variables besides ``self`` and its parameters, which are passed."""
-    path = root / file
-    text = path.read_text(encoding="utf-8")
-    tree = ast.parse(text)
-    lines = text.splitlines(keepends=True)
-    func = _method(tree, cls, method)
-    body_lines = range(func.body[0].lineno - 1, func.end_lineno)
-    first = next(i for i in body_lines if start in lines[i])
-    last = next(i for i in body_lines if i >= first and end in lines[i])
-    block = lines[first:last + 1]
-    indent = block[0][:len(block[0]) - len(block[0].lstrip())]
-    params = [a.arg for a in func.args.args[1:]]
-    call = f"{indent}return self.{helper}({', '.join(params)})\n"
-    method_indent = lines[func.lineno - 1][:func.col_offset]
-    body_indent = method_indent + "    "
-    dedented = [body_indent + line[len(indent):] if line.strip() else line for line in block]
-    new_method = [f"\n{method_indent}def {helper}(self{''.join(', ' + p for p in params)}):\n"] + dedented
-    lines[first:last + 1] = [call]
-    insert_at = func.end_lineno - (last - first)  # the method's end after the replacement
-    lines[insert_at:insert_at] = new_method
-    write_text(path, "".join(lines))
-
-
 def rename_module(root: Path, module: str, to: str) -> None:
     """Rename a module file and rewrite every ``import``/``from`` of it in the package (as a move upstream does)."""
     old_rel = module.replace(".", "/") + ".py"
