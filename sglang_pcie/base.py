@@ -187,11 +187,16 @@ class SourceTree:
 
     def find_class(self, module: str, name: str) -> tuple[str, ast.ClassDef] | None:
         """The class ``name`` refers to in ``module`` (followed through imports): (defining module, its ast)."""
-        found = self.origin(module, name)
-        if not found or not found[1]:
-            return None
-        stmt = self.bindings(found[0]).get(found[1])
-        return (found[0], stmt) if isinstance(stmt, ast.ClassDef) else None
+        for _ in range(10):  # `Old = New` aliases are followed
+            found = self.origin(module, name)
+            if not found or not found[1]:
+                return None
+            stmt = self.bindings(found[0]).get(found[1])
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id != found[1]:
+                module, name = found[0], stmt.value.id
+                continue
+            return (found[0], stmt) if isinstance(stmt, ast.ClassDef) else None
+        return None
 
     def base_classes(self, module: str, cls: ast.ClassDef) -> list[tuple[str, ast.ClassDef]]:
         """The bases of ``cls`` (defined in ``module``) that are classes of this tree, in order."""

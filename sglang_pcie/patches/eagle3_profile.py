@@ -88,7 +88,7 @@ class Eagle3Profile(Patch):
             return Result(DRIFTED, "; ".join(problems))
         if not present:
             return Result(NOT_APPLICABLE, "no EAGLE worker module (srt/speculative/eagle_worker*.py)")
-        if all(f"{DIFF_MARKER} {self.id}" in source for source in present.values()):
+        if all(f"{DIFF_MARKER} {self.id}" in tree.source(m) for m in _edited_modules(tree, present)):
             return Result(APPLIED, "source carries the sglang-pcie diff")
         return Result(APPLICABLE, "times " + "; ".join(_describe(m, tree) for m in present)
                       + "".join(_token_note(tree, m) for m in present))
@@ -97,8 +97,9 @@ class Eagle3Profile(Patch):
         if self.check_source(tree).status != APPLICABLE:
             return {}
         present, _ = self._inspect(tree)
-        return {module: _add_decorators(source, tree, module) for module, source in present.items()
-                if f"{DIFF_MARKER} {self.id}" not in source}
+        edits = _edits(tree, present)
+        return {module: _add_decorators(tree, module, items) for module, items in edits.items()
+                if f"{DIFF_MARKER} {self.id}" not in tree.source(module)}
 
     # -- runtime
 
@@ -266,11 +267,27 @@ def _guard_line(module_tree: ast.Module) -> int:
     return body[first - 1].end_lineno if first else 0
 
 
-def _add_decorators(source: str, tree: SourceTree, module_name: str) -> str:
+def _edits(tree: SourceTree, present) -> dict[str, list[tuple[ast.ClassDef, str, str, ast.FunctionDef | None]]]:
+    """Where the diff writes, per module: (class, method, phase, the method's own ast or None when inherited).
+    A timed class is decorated where it is defined, which may be a module the worker module imports it from."""
+    edits: dict[str, list] = {}
+    for module in present:
+        for cls_name, method, phase in _methods(module):
+            cls_module, cls = tree.find_class(module, cls_name)
+            own = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method), None)
+            edits.setdefault(cls_module, []).append((cls, method, phase, own))
+    return edits
+
+
+def _edited_modules(tree: SourceTree, present) -> list[str]:
+    return list(_edits(tree, present))
+
+
+def _add_decorators(tree: SourceTree, module_name: str, items) -> str:
     """The module's source with the import guard before its first definition and a decorator above each timed
     method (or, for an inherited one, a decorated override in the class that calls the inherited method)."""
     module_tree = tree.tree(module_name)
-    lines = source.splitlines(keepends=True)
+    lines = tree.source(module_name).splitlines(keepends=True)
     inserts = []  # (index of the line to insert before, order, text)
     inserts.append((_guard_line(module_tree), 0, (
         f"{COMMENT}: per-phase timers when EAGLE3_PROFILE=1; identity otherwise, or without sglang-pcie\n"
@@ -279,9 +296,7 @@ def _add_decorators(source: str, tree: SourceTree, module_name: str) -> str:
         f"except ImportError:  {COMMENT}\n"
         f"    def {DIFF_DECORATOR}(phase):  {COMMENT}\n"
         f"        return lambda function: function\n")))
-    for cls_name, method, phase in _methods(module_name):
-        cls = next(n for n in module_tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
-        own = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method), None)
+    for cls, method, phase, own in items:
         if own is not None:
             first = min([own.lineno] + [d.lineno for d in own.decorator_list])
             indent = lines[own.lineno - 1][:own.col_offset]

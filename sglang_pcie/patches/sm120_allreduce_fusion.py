@@ -332,10 +332,24 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines), block + "\n\n")
 
     sources = {module: e.text() for module, e in edits.items() if e.changed}
+    _plain_functions_only(tree, sources)
     detail = f"patches {', '.join(patched)}; helper in {host.rsplit('.', 1)[1]} (reads {probe_name})"
     if upstream:
         detail += f"; SM12x already admitted upstream by {', '.join(upstream)}"
     return APPLICABLE, detail, sources
+
+
+def _plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
+    """The runtime patch swaps the code of the functions the rewrite changes; a decorated one (lru_cache,
+    torch.compiler.disable...) is another object in the live module, which it cannot do: drift, before it runs."""
+    for module, new_source in sources.items():
+        changed, _ = _top_level_changes(tree.source(module), new_source)
+        for name in changed:
+            func = _function(tree.tree(module), name)
+            if func is not None and func.decorator_list:
+                decorators = ", ".join("@" + ast.unparse(d) for d in func.decorator_list)
+                raise Drift(f"{module}.{name} is decorated ({decorators}); the patch swaps the code of plain "
+                            "functions only")
 
 
 def _version(tree: SourceTree):
@@ -363,7 +377,7 @@ def _find_gate(tree: SourceTree) -> tuple[str, str]:
 
 # Which GPUs an operand of a capability test stands for, read off its text (`_is_sm90_supported`,
 # `get_platform().is_sm100`, `is_sm120_supported()`, `_is_blackwell`...).
-_GPU_WORDS = {"sm90": r"sm_?90", "sm100": r"sm_?10\d|sm_?10x|blackwell", "sm12x": r"sm_?12|blackwell"}
+_GPU_WORDS = {"sm90": r"sm_?90|hopper", "sm100": r"sm_?10\d|sm_?10x|blackwell", "sm12x": r"sm_?12|blackwell"}
 
 
 def _gpus(operand: ast.expr) -> set[str]:
