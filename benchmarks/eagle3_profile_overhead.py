@@ -35,8 +35,11 @@ once under cProfile (the functions taking the most host time per cycle, C calls 
 Needs only torch and a CUDA GPU (about 2 minutes on an H200, 30 s more with --host-profile).  --dry-run checks the
 script's logic without a GPU (host spins instead of kernels; timing figures meaningless, timing checks skipped).
 
+--host-only measures the profiler's host cost alone (no GPU, no work in the phases): us per cycle with and without
+the timers, and what the hooks report of it.
+
 usage: python3 benchmarks/eagle3_profile_overhead.py [--cycles 300] [--repeats 3] [--phase-scale 1.0] [--host-ms 1.5]
-                                                     [--out FILE] [--host-profile] [--dry-run]
+                                                     [--out FILE] [--host-profile] [--dry-run | --host-only]
 """
 from __future__ import annotations
 
@@ -453,6 +456,34 @@ def check_invariants(results, runs, device_ms, capture, dry_run) -> list:
     return checks
 
 
+def host_only_overhead(cycles, repeats) -> dict:
+    """The profiler's host cost alone: the synthetic worker with no GPU work and no host spin (the scheduler's host
+    copy of accept_lens included), ``cycles`` calls, best of ``repeats``; off vs as shipped (1 in 64 timed)."""
+    device = HostOnly(scale=0.0)
+    batch = types.SimpleNamespace(forward_mode=DecodeMode(), is_extend_in_batch=False)
+    best = {}
+    for _ in range(repeats):
+        for mode in ("off", "eagle3-profile"):
+            cls = worker_class(mode, {}, device.synchronize)
+            worker = cls(device.phases(), device.accept_lens)
+            profiler = ep.Profiler(interval=10**9, sample_every=64) if mode != "off" else None
+            ep.set_profiler(profiler)
+            gc.disable()
+            start = time.perf_counter_ns()
+            for _ in range(cycles):
+                device.copy_to_host(worker.forward_batch_generation(batch))
+            us = (time.perf_counter_ns() - start) / cycles / 1e3
+            gc.enable()
+            ep.set_profiler(None)
+            hooks = profiler._host_ns / cycles / 1e3 if profiler else 0.0  # the open interval's own count
+            if mode not in best or us < best[mode][0]:
+                best[mode] = (us, hooks)
+    return {"cycles": cycles, "repeats": repeats, "off_us_per_cycle": best["off"][0],
+            "profiled_us_per_cycle": best["eagle3-profile"][0],
+            "added_us_per_cycle": best["eagle3-profile"][0] - best["off"][0],
+            "hooks_self_reported_us_per_cycle": best["eagle3-profile"][1]}
+
+
 def distribution(values) -> dict:
     ordered = sorted(values)
     return {"mean": statistics.fmean(ordered), "median": ep.quantile(ordered, 0.5),
@@ -542,12 +573,23 @@ def main(argv=None) -> int:
     parser.add_argument("--host-profile", action="store_true",
                         help="then break eagle3-profile's host time down by profiler method and under cProfile")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: check the script's logic only")
+    parser.add_argument("--host-only", action="store_true",
+                        help="no GPU: only the profiler's host cost per cycle (no work in the phases), then exit")
     args = parser.parse_args(argv)
     for name in ("cycles", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)} must be at least 1")
     if not args.phase_scale > 0:
         parser.error(f"--phase-scale {args.phase_scale} must be positive")
+    if args.host_only:
+        result = host_only_overhead(max(args.cycles, 50_000), max(args.repeats, 5))
+        print(f"host only, {result['cycles']} cycles, best of {result['repeats']}: {result['off_us_per_cycle']:.2f} us"
+              f" per cycle without timers, {result['profiled_us_per_cycle']:.2f} us with them (1 in 64 timed):"
+              f" {result['added_us_per_cycle']:.2f} us added, of which the hooks report"
+              f" {result['hooks_self_reported_us_per_cycle']:.2f} us")
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
 
     meta = {"dry_run": args.dry_run, "cycles": args.cycles, "repeats": args.repeats, "host_ms": args.host_ms,
             "phase_scale": args.phase_scale, "target_ms": {p: ms * args.phase_scale for p, ms in TARGET_MS.items()},
