@@ -1289,3 +1289,18 @@ def test_profiling_off_leaves_the_release_methods_its_own(sglang_env, pristine_s
         assert len(warnings) == 1 and "EAGLE3_PROFILE='maybe'" in warnings[0]
     else:
         assert warnings == []
+
+
+def test_the_overhead_benchmark_dry_run_still_runs(tmp_path):
+    """benchmarks/eagle3_profile_overhead.py on the host only: its logic and the token invariants (no GPU)."""
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_overhead.py"), "--dry-run",
+                           "--cycles", "40", "--warmup", "5", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["modes"]) == {"off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised"}
+    checks = {c["name"]: c["ok"] for c in report["invariants"]}
+    assert checks["eagle3-profile: accept length exact (scheduler host copy)"] is True
+    assert checks["eagle3-profile-every-cycle: accept length sampled (own pinned copy)"] is True
+    assert all(ok is not False for ok in checks.values()), checks
