@@ -109,6 +109,8 @@ def main(argv=None, worker_command=None) -> int:
             print(f"# {path} hidden {hidden}: {outcome.wall_s:.1f} s"
                   + (f", FAILED: {outcome.error}" if outcome.error else "")
                   + (f", tuned {outcome.info.get('tuned_shapes')} shapes in {outcome.info.get('tune_s')} s"
+                     f" (the cache holds {outcome.info.get('tune_saved') if outcome.info.get('tune_saved') is not None else '?'}"
+                     f" configurations)"
                      if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
             if outcome.stderr_tails:  # a failure, or --show-stderr
                 print(f"# the ranks' stderr ends (last {tune_nccl.STDERR_TAIL_LINES} lines each):\n"

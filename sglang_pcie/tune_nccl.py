@@ -190,6 +190,66 @@ def sglang_tune_ladder(max_rows: int) -> list[int]:
     return rows + ([max_rows] if max_rows not in rows else [])
 
 
+def _jit_failure(exc: Exception) -> str:
+    """The telling line of a FlashInfer JIT failure (ninja's "missing and no known rule", nvcc's first error), not
+    the whole ninja transcript."""
+    text = f"{type(exc).__name__}: {exc}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    telling = [line for line in lines if "error" in line.lower() and line != lines[0]]
+    return (telling[0] if telling else lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _ipc_jit_modules(tune: bool) -> list:
+    """(name, loader) of each FlashInfer JIT module the IPC worker needs: the PCIe-IPC kernels, and for tune() the
+    autotuner's delay kernel (module trtllm_utils: FlashInfer 0.7.2's autotuner launches it before timing every
+    candidate; a failed load there counts each candidate as failed, so tune() saves nothing)."""
+    from flashinfer.comm.pcie_ipc_ar import get_pcie_ipc_comm_module
+
+    modules = [("pcie_ipc_comm", get_pcie_ipc_comm_module)]
+    if tune:
+        try:
+            from flashinfer.tllm_utils import get_trtllm_utils_module
+        except ImportError:  # a FlashInfer whose autotuner does not use it
+            pass
+        else:
+            modules.append(("trtllm_utils", get_trtllm_utils_module))
+    return modules
+
+
+def _load_jit_modules_in_turn(dist, modules: list, rank: int, world: int) -> None:
+    """Build/load the JIT modules one rank at a time (rank 0 first, a barrier after each turn), before any FlashInfer
+    collective. FlashInfer's build_and_load takes a file lock per module and runs ninja in every fresh process (only
+    AOT artifacts skip it); done here, no rank waits on that lock inside a collective its peers already entered,
+    and only rank 0 ever compiles. A rank that fails raises after its turn; the parent then stops its peers."""
+    for turn in range(world):
+        if turn == rank:
+            for name, load in modules:
+                phase(f"JIT module {name}: build/load (rank {rank} of {world}, one rank at a time)")
+                began = time.monotonic()
+                try:
+                    load()
+                except Exception as exc:
+                    why = _jit_failure(exc)
+                    if name == "trtllm_utils":
+                        raise RuntimeError(
+                            f"FlashInfer's autotuner cannot load its JIT module trtllm_utils (the delay kernel it "
+                            f"launches before timing each candidate), so tune() would count every candidate as "
+                            f"failed and save nothing: {why}") from exc
+                    raise RuntimeError(f"FlashInfer's JIT module {name} failed to build/load: {why}") from exc
+                phase(f"JIT module {name}: ready in {time.monotonic() - began:.1f} s")
+        dist.barrier()
+
+
+def _saved_configs(cache: str) -> int | None:
+    """How many tuned configurations FlashInfer's cache file holds (its keys other than _metadata, _generation,
+    _records); None when it cannot be read."""
+    try:
+        data = json.loads(Path(cache).read_text())
+    except (OSError, ValueError):
+        return None
+    return sum(not key.startswith("_") for key in data) if isinstance(data, dict) else None
+
+
 def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report: dict) -> dict:
     """FlashInfer's PCIe-IPC all-reduce at each size, in CUDA graphs, sums checked; None for a size it refuses.
 
@@ -204,7 +264,9 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
     hidden, count = spec["hidden"], spec["allreduces"]
     cache = str(default_cache_path(world))
     report.update(flashinfer=getattr(flashinfer, "__version__", None), tune_cache=cache)
-    phase(f"flashinfer {report['flashinfer']} imported; building the workspace (collective: max_numel "
+    phase(f"flashinfer {report['flashinfer']} imported")
+    _load_jit_modules_in_turn(dist, _ipc_jit_modules(bool(spec.get("tune"))), rank, world)
+    phase(f"building the workspace (collective: max_numel "
           f"{spec['max_numel']}, tune_batches {spec['tune_batches']}, cache {cache})")
     workspace = PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=spec["max_numel"],
                                           dtype=torch.bfloat16, tune_batches=spec["tune_batches"],
@@ -215,9 +277,17 @@ def _measure_ipc(torch, dist, spec: dict, rank: int, world: int, device, report:
         phase(f"tune() for hidden {hidden} (collective; FlashInfer builds its gloo group, rank 0 writes the cache)")
         began = time.monotonic()
         tuned = workspace.tune([hidden], dtype=torch.bfloat16)  # collective; rank 0 writes the cache file
-        report["tuned_shapes"] = len(tuned)
+        report["tuned_shapes"] = len(tuned)  # the shapes it measured, whether or not any candidate ran
         report["tune_s"] = round(time.monotonic() - began, 1)
-        phase(f"tune() done: {len(tuned)} shapes in {report['tune_s']} s")
+        # tune() ends with a barrier after rank 0 wrote the file. It stores a winner per shape whenever one
+        # candidate ran (a seed-equal winner too); none means every candidate failed, and the "tuned" figures below
+        # would be the seed's.
+        report["tune_saved"] = _saved_configs(cache)
+        phase(f"tune() done: {len(tuned)} shapes in {report['tune_s']} s; the cache holds "
+              f"{'?' if report['tune_saved'] is None else report['tune_saved']} configurations")
+        if report["tune_saved"] == 0:
+            raise RuntimeError(f"tune() saved no configuration to {cache}: every candidate failed at every shape "
+                               f"(FlashInfer logs 'Skipped N unsupported tactic(s)'; its debug log says why)")
     sizes = [t for t in spec["tokens"] if t * hidden <= spec["max_numel"]]
     phase(f"prepare() for {sizes} x {hidden} (collective)")
     workspace.prepare([(t, hidden) for t in sizes], dtype=torch.bfloat16)
@@ -611,7 +681,7 @@ def run_ipc(spec: dict, world: int, decode: list[int], nccl_us: dict, noise: dic
         if outcome.stderr_tails:  # a failure or hang: what the ranks wrote last, here and in the tuned file
             progress(f"[{IPC_NAME}] the ranks' stderr ends:\n{format_tails(outcome.stderr_tails)}")
             result.setdefault("stderr_tails", {str(r): lines for r, lines in outcome.stderr_tails.items()})
-        for key in ("flashinfer", "tune_cache", "fabric", "tuned_shapes", "tune_s"):
+        for key in ("flashinfer", "tune_cache", "fabric", "tuned_shapes", "tune_s", "tune_saved"):
             if key in outcome.info:
                 result[key] = outcome.info[key]
         return outcome

@@ -9,6 +9,12 @@ checks are real. FAKE_IPC_BROKEN=1 makes it return each rank's own input (the ch
 FAKE_IPC_HANG=tune makes tune() never return (as a collective whose peer never arrives); FAKE_IPC_STDOUT_JUNK=1
 writes to stdout without a newline before the report (as a chatty library can).
 
+FlashInfer's JIT loaders (get_pcie_ipc_comm_module, get_trtllm_utils_module) are stand-ins too: each load takes
+0.2 s and appends "RANK NAME start" and "RANK NAME end" to FAKE_IPC_JIT_LOG (if set), so a test sees whether the
+ranks loaded one at a time; FAKE_IPC_JIT_FAIL=NAME makes that module's load fail as a ninja build with a missing
+source does. FLASHINFER_AUTOTUNE_DIR set: tune() on rank 0 writes a cache file there as FlashInfer's does, with one
+configuration per shape, or none with FAKE_IPC_TUNE_SAVES_NOTHING=1 (every candidate failed).
+
 usage (as tune_nccl's worker command): python ipc_fake_worker.py --worker SPEC_JSON
 """
 import contextlib
@@ -95,16 +101,26 @@ class PcieIpcAllReduceWorkspace:
         assert dtype in (torch.bfloat16, torch.float16)
         self.group, self.max_numel, self.tune_batches = group, max_numel, tuple(tune_batches or ())
         self.profile, self.profile_reason = "rootcplx-noswitch", "stand-in"
+        assert "pcie_ipc_comm" in LOADED, "workspace built with its kernels not loaded"
         self.prepared, self.tuned, self.bound, self.destroyed = set(), False, None, False
+        self.tune_cache = tune_cache
         CALLS.append(("init", max_numel, self.tune_batches, tune_cache))
 
     def tune(self, hiddens, *, dtype=torch.bfloat16, cache=None, tune_group=None, warmup=10, repeat=50):
         assert not _state["capturing"]
+        assert "trtllm_utils" in LOADED, "tune() reached with the autotuner's delay kernel not loaded"
         if os.environ.get("FAKE_IPC_HANG") == "tune":
             time.sleep(300)
         self.prepared.clear()  # as FlashInfer's tune(): resolved configurations are dropped
         self.tuned = True
         CALLS.append(("tune", tuple(hiddens)))
+        if os.environ.get("FLASHINFER_AUTOTUNE_DIR") and dist.get_rank() == 0:
+            configs = {} if os.environ.get("FAKE_IPC_TUNE_SAVES_NOTHING") else {
+                f"pcie_ipc_all_reduce|{h}|{b}": ["PcieIpcRunner", 1] for h in hiddens for b in self.tune_batches}
+            os.makedirs(os.path.dirname(self.tune_cache), exist_ok=True)
+            with open(self.tune_cache, "w") as f:
+                json.dump({"_metadata": {"flashinfer_version": "stand-in"}, **configs, "_generation": "x"}, f)
+        dist.barrier()  # as FlashInfer's: nobody leaves before the file is on disk
         return {(h, b): "config" for h in hiddens for b in self.tune_batches}
 
     def prepare(self, shapes, *, dtype=torch.bfloat16):
@@ -146,15 +162,49 @@ class PcieIpcAllReduceWorkspace:
         CALLS.append(("destroy",))
 
 
+LOADED = []  # the JIT modules this rank has loaded
+
+
+def _jit_loader(name):
+    def load():
+        log = os.environ.get("FAKE_IPC_JIT_LOG")
+        rank = os.environ["RANK"]
+
+        def note(what):
+            if log:
+                with open(log, "a") as f:
+                    f.write(f"{rank} {name} {what}\n")
+
+        note("start")
+        time.sleep(0.2)  # long enough that two ranks loading at once would interleave in the log
+        if os.environ.get("FAKE_IPC_JIT_FAIL") == name:
+            note("failed")
+            raise RuntimeError(  # as FlashInfer's run_ninja reports a source the trimmed wheel left out
+                "Ninja build failed. Ninja output:\nninja: Entering directory `/cache/cached_ops/trtllm_utils'\n"
+                f"ninja: error: '/tmp/fi/flashinfer/data/csrc/nv_internal/tensorrt_llm/kernels/delayStream.cu', "
+                f"needed by '{name}/delayStream.cuda.o', missing and no known rule to make it")
+        note("end")
+        LOADED.append(name)
+        CALLS.append(("jit", name))
+
+    return load
+
+
 def install_flashinfer_stand_in():
     flashinfer = types.ModuleType("flashinfer")
     flashinfer.__version__ = "0.7.2-stand-in"
     comm = types.ModuleType("flashinfer.comm")
     comm.PcieIpcAllReduceWorkspace = PcieIpcAllReduceWorkspace
     tuning = types.ModuleType("flashinfer.comm.pcie_ipc_tuning")
-    tuning.default_cache_path = lambda world_size: f"/stand-in/autotune/pcie_ipc_all_reduce_ws{world_size}.json"
-    flashinfer.comm, comm.pcie_ipc_tuning = comm, tuning
-    sys.modules.update({"flashinfer": flashinfer, "flashinfer.comm": comm, "flashinfer.comm.pcie_ipc_tuning": tuning})
+    base = os.environ.get("FLASHINFER_AUTOTUNE_DIR") or "/stand-in/autotune"
+    tuning.default_cache_path = lambda world_size: f"{base}/pcie_ipc_all_reduce_ws{world_size}.json"
+    ar = types.ModuleType("flashinfer.comm.pcie_ipc_ar")
+    ar.get_pcie_ipc_comm_module = _jit_loader("pcie_ipc_comm")
+    tllm = types.ModuleType("flashinfer.tllm_utils")
+    tllm.get_trtllm_utils_module = _jit_loader("trtllm_utils")
+    flashinfer.comm, comm.pcie_ipc_tuning, comm.pcie_ipc_ar, flashinfer.tllm_utils = comm, tuning, ar, tllm
+    sys.modules.update({"flashinfer": flashinfer, "flashinfer.comm": comm, "flashinfer.comm.pcie_ipc_tuning": tuning,
+                        "flashinfer.comm.pcie_ipc_ar": ar, "flashinfer.tllm_utils": tllm})
 
 
 def main():
