@@ -286,7 +286,7 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     version = _version(tree)
     gate_label = f"{gate_module.rsplit('.', 1)[1]}.{gate_name}"
 
-    gate_test = _gate_capability(_function(gate_tree, gate_name), f"{gate_module}.{gate_name}")
+    gate_test = _gate_capability(gate_tree, _function(gate_tree, gate_name), f"{gate_module}.{gate_name}")
     resolver = _find_resolver(fusion_tree, version)
     preflight = _find_preflight(fusion_tree, version)
 
@@ -415,9 +415,14 @@ def _admits_sm12x(test: ast.BoolOp) -> bool:
     return any("sm12x" in _gpus(v) for v in _or_operands(test))
 
 
-def _gate_capability(func: ast.FunctionDef, label: str) -> ast.BoolOp:
-    """The gate's `<sm90> or <sm100>` test, wherever it sits in the gate and in whatever order."""
+def _gate_capability(module_tree: ast.Module, func: ast.FunctionDef, label: str) -> ast.BoolOp:
+    """The gate's `<sm90> or <sm100>` test, wherever it sits in the gate (or in a function of its module that the
+    gate calls, where a refactor moved it) and in whatever order."""
     tests = _capability_tests(func)
+    if not tests:  # one level down: `_fusion_supported_arch() and ...`
+        called = {n.func.id for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        helpers = [f for f in module_tree.body if isinstance(f, ast.FunctionDef) and f.name in called]
+        tests = [test for helper in helpers for test in _capability_tests(helper)]
     if len(tests) != 1:
         ors = [ast.unparse(n) for n in ast.walk(func) if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)]
         found = f"; its `or` tests: {'; '.join(ors)}" if ors else ""

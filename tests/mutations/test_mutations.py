@@ -183,6 +183,12 @@ def test_mutation(mutation, pristine, release_copy, tmp_path):
         noticed = [pid for pid, row in zip(got, base_rows) if got[pid] != row]
         assert noticed, f"{mutation.name}: no patch's status or detail changed"
 
+    for pid, status in mutation.expect.items():  # what the patch would write here is valid, marked Python
+        if status == "applicable":
+            for module, text in get_patch(pid).rewrite(SourceTree(root)).items():
+                compile(text, module, "exec", dont_inherit=True)
+                assert f"sglang-pcie: {pid}" in text, (mutation.name, module)
+
     outcome = check_apply_diffs(mutation, root, got)
     TALLY["apply", f"{mutation.kind} {outcome}"] += 1
 
