@@ -33,7 +33,10 @@ def keep(name):
     if name.startswith(CSRC):
         rest = name[len(CSRC):]
         # top-level headers are shared by every JIT module; of the sources, only the PCIe-IPC ones
-        return "/" not in rest and (rest.endswith((".h", ".cuh")) or rest.startswith("pcie_ipc_"))
+        # nv_internal/: the delay kernel (trtllm_utils) FlashInfer's autotuner launches before timing each
+        # candidate; without it tune() measures nothing and saves no configuration.
+        return rest.startswith("nv_internal/") or (
+            "/" not in rest and (rest.endswith((".h", ".cuh")) or rest.startswith("pcie_ipc_")))
     return True
 out = os.path.join(dest, os.path.basename(src))
 kept = dropped = 0
