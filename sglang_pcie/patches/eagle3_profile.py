@@ -221,29 +221,35 @@ def _token_note(tree: SourceTree, module_name) -> str:
 
 
 def _reached_calls(tree: SourceTree, module: str, cls_name: str, cycle: ast.FunctionDef) -> set[str]:
-    """Names of the methods the cycle calls, directly or through its class's own helper methods and the module's
-    functions (a decode branch moved into ``self._forward_decode(batch)`` still reaches its phases)."""
+    """Names of the methods the cycle calls, directly or through helpers: its class's own methods, the other timed
+    classes' methods (``self.draft_worker.run(batch)``) and the module's functions. A decode branch moved into
+    ``self._forward_decode(batch)`` still reaches its phases. Phase methods themselves are not looked into: a phase
+    reached only from inside another would be timed within it."""
+    phases = {m for _, m, _ in _methods(module)}
+    classes = list(TARGETS[module])
     called: set[str] = set()
-    queue, seen = [(cycle, 0)], set()
+    queue, seen = [(cycle, cls_name, 0)], set()
     while queue:
-        function, depth = queue.pop()
+        function, owner, depth = queue.pop()
         if id(function) in seen:
             continue
         seen.add(id(function))
         for node in ast.walk(function):
             if not isinstance(node, ast.Call):
                 continue
-            helper = None
             if isinstance(node.func, ast.Attribute):
-                called.add(node.func.attr)
-                if isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
-                    found = tree.method(module, cls_name, node.func.attr)
-                    helper = found[2] if found else None
+                name = node.func.attr
+                called.add(name)
+                on_self = isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+                for cls in [owner] if on_self else [c for c in classes if c != owner]:
+                    found = tree.method(module, cls, name, concrete=True) if name not in phases else None
+                    if found and depth < HELPER_DEPTH:
+                        queue.append((found[2], cls, depth + 1))
             elif isinstance(node.func, ast.Name):
                 called.add(node.func.id)
                 helper = tree.function(module, node.func.id)
-            if helper is not None and depth < HELPER_DEPTH:
-                queue.append((helper, depth + 1))
+                if helper is not None and depth < HELPER_DEPTH:
+                    queue.append((helper, owner, depth + 1))
     return called
 
 
