@@ -65,6 +65,9 @@ class SourceTree:
         # Each module is read and parsed once, so the patches' checks share the work; they never modify it.
         self._sources: dict[str, str | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
+        # Each patch's static check (verify.check_source), once per tree: a tree is read as it was when first
+        # read; after writing into the folder (apply-diffs), make a new SourceTree.
+        self.results: dict[str, "Result"] = {}
 
     @property
     def version(self) -> str:

@@ -29,7 +29,14 @@ def check_source(patch: Patch, tree: SourceTree) -> Result:
 
     Older than the first covered release: ``not-applicable`` naming the range (the patch was never written for
     it). Newer than the last: the source check decides, and the detail says tests do not cover that release yet.
+    Computed once per tree.
     """
+    if patch.id not in tree.results:
+        tree.results[patch.id] = _check_in_range(patch, tree)
+    return tree.results[patch.id]
+
+
+def _check_in_range(patch: Patch, tree: SourceTree) -> Result:
     from packaging.version import InvalidVersion, Version
 
     try:

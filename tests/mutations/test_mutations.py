@@ -20,6 +20,7 @@ import yaml
 from sglang_pcie.base import DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, SourceTree
 from sglang_pcie.diffs import ALREADY, REFUSE, REMOVE, DiffError, apply_release_diffs, diffs_for, touched_files
 from sglang_pcie.matrix import check_tree
+from sglang_pcie.verify import check_source
 from sglang_pcie.registry import all_patches, get_patch
 from sglang_pcie.releases import fetch_source
 
@@ -166,8 +167,9 @@ def test_mutation(mutation, pristine, release_copy, tmp_path):
     root = release_copy(mutation.release, tmp_path / "tree")
     for edit in mutation.edits:
         apply_edit(root, edit)
-    _, rows, _ = check_tree(str(root))
-    got = {row["id"]: row for row in rows}
+    tree = SourceTree(root)
+    got = {patch.id: {"id": patch.id, "status": result.status, "detail": result.detail}
+           for patch in all_patches() for result in [check_source(patch, tree)]}
     expected = expected_rows(mutation, base_rows)
     if mutation.kind == "harmless":
         assert all(status == row["status"] for status, row in zip(expected.values(), base_rows)), \
@@ -185,11 +187,11 @@ def test_mutation(mutation, pristine, release_copy, tmp_path):
 
     for pid, status in mutation.expect.items():  # what the patch would write here is valid, marked Python
         if status == "applicable":
-            for module, text in get_patch(pid).rewrite(SourceTree(root)).items():
+            for module, text in get_patch(pid).rewrite(tree).items():
                 compile(text, module, "exec", dont_inherit=True)
                 assert f"sglang-pcie: {pid}" in text, (mutation.name, module)
 
-    outcome = check_apply_diffs(mutation, root, got)
+    outcome = check_apply_diffs(mutation, tree, got)
     TALLY["apply", f"{mutation.kind} {outcome}"] += 1
 
 
@@ -198,13 +200,14 @@ def snapshot(root: Path, folders: set[Path]) -> dict[str, bytes]:
             for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def check_apply_diffs(mutation: Mutation, root: Path, rows: dict[str, dict]) -> str:
+def check_apply_diffs(mutation: Mutation, tree: SourceTree, rows: dict[str, dict]) -> str:
     """apply-diffs on the mutated tree is safe: refuses where it must (nothing changed), otherwise applies exactly
     what each patch's rewrite() makes of this tree (the dry run first, announcing the same), says "already applied"
     the second time and reverses byte for byte. Returns the outcome: refused, applied, already-applied, no-diffs.
 
     (The static checks are the expensive part, so a refusal is checked with the real run alone; test_cli checks
     that the dry run refuses alike.)"""
+    root = tree.root
     try:
         diffs = {p.stem: p for p in diffs_for(mutation.release)}
     except DiffError:
@@ -213,8 +216,8 @@ def check_apply_diffs(mutation: Mutation, root: Path, rows: dict[str, dict]) -> 
     before = snapshot(root, folders)
     must_refuse = [pid for pid, row in rows.items() if row["status"] in (DRIFTED, ERROR)
                    or (row["status"] in (UPSTREAM, NOT_APPLICABLE) and pid in diffs)]
-    try:
-        run = apply_release_diffs(SourceTree(root), dry_run=not must_refuse)
+    try:  # the tree the statuses were read from (its checks are not run twice)
+        run = apply_release_diffs(tree, dry_run=not must_refuse)
     except DiffError as exc:  # a release with no diffs (e.g. a version outside the covered range)
         assert "no diffs for sglang" in str(exc), exc
         assert snapshot(root, folders) == before
@@ -231,8 +234,8 @@ def check_apply_diffs(mutation: Mutation, root: Path, rows: dict[str, dict]) -> 
         return _expect(mutation, "already-applied")
 
     announced = [(s.patch_id, s.action) for s in run.steps]
-    wanted = {s.patch_id: get_patch(s.patch_id).rewrite(SourceTree(root)) for s in run.changing}
-    run = apply_release_diffs(SourceTree(root))
+    wanted = {s.patch_id: get_patch(s.patch_id).rewrite(tree) for s in run.changing}
+    run = apply_release_diffs(tree)  # the dry run wrote nothing: the same tree, its checks already made
     assert [(s.patch_id, s.action) for s in run.steps] == announced, f"{mutation.name}: the dry run said otherwise"
     after = snapshot(root, folders)
     expected_changed = set()
