@@ -514,8 +514,8 @@ def _sm120_probe(tree: SourceTree) -> tuple[str, str]:
 def _platform_fact_problem(tree: SourceTree, fact: str) -> str | None:
     """None when ``get_platform().<fact>`` answers in this tree: the platform class defines it, or a table of
     the module maps it to a probe that ``sglang.srt.utils.common`` defines (0.5.19+)."""
-    module = tree.tree(RUNTIME_CONTEXT)
-    for node in ast.walk(module):
+    where = tree.origin(RUNTIME_CONTEXT, "get_platform")[0]  # runtime_context, or the module it re-exports from
+    for node in ast.walk(tree.tree(where)):
         if isinstance(node, ast.ClassDef) and "Platform" in node.name and fact in _class_members(node):
             return None
         if isinstance(node, ast.Dict):
@@ -523,10 +523,10 @@ def _platform_fact_problem(tree: SourceTree, fact: str) -> str | None:
                 if isinstance(key, ast.Constant) and key.value == fact:
                     probe = value.value if isinstance(value, ast.Constant) else None
                     if isinstance(probe, str) and not tree.defines(UTILS_COMMON, probe):
-                        return (f"{RUNTIME_CONTEXT}: the platform answers {fact} through {UTILS_COMMON}.{probe}, "
+                        return (f"{where}: the platform answers {fact} through {UTILS_COMMON}.{probe}, "
                                 "which is missing")
                     return None
-    return (f"{RUNTIME_CONTEXT}.get_platform() has no {fact} fact, which the inserted helper reads (every covered "
+    return (f"{where}.get_platform() has no {fact} fact, which the inserted helper reads (every covered "
             "release with get_platform has it)")
 
 
