@@ -9,6 +9,7 @@ costs every interpreter is ``benchmarks/startup_overhead.py``'s figure). Each ru
 alternate (ABAB...) so drift in machine load hits both alike. Inside the overlay process the time spent in the
 overlay's post-import hooks (activation at ``import sglang``, then each patch's hook) is also summed.
 
+The installed sglang-pcie is built from this checkout's HEAD (committed state), whose hash is printed.
 Usage: python benchmarks/activation_cost.py [--versions 0.5.9,0.5.23] [--runs 7] [--json FILE] [--no-install]
 """
 from __future__ import annotations
@@ -69,12 +70,22 @@ def sglang_python(version: str) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def head_commit() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+
+
 def install_checkout(python: Path) -> None:
-    """This checkout's wheel, as the tests install it (one pip at a time per venv)."""
+    """This checkout's committed state (HEAD, not work in progress in the tree) as a wheel, installed as the tests
+    install it (one pip at a time per venv)."""
     import fcntl
 
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", out, str(REPO)],
+        source = Path(out) / "src"
+        source.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", out, str(source)],
                        check=True)
         wheel = sorted(Path(out).glob("sglang_pcie-*.whl"))[0]
         with open(python.parent.parent / ".sglang-pcie-install.lock", "w") as lock:
@@ -137,7 +148,7 @@ def measure(version: str, runs: int, install: bool) -> dict:
             for mode in order:
                 samples[mode].append(run_once(python, envs[mode], workdir))
                 print(f"activation_cost: {version} {mode} run {i + 1}/{runs}", file=sys.stderr, flush=True)
-    result = {"version": version, "runs": runs}
+    result = {"version": version, "runs": runs, "sglang_pcie": head_commit() if install else "as installed"}
     for mode, rows in samples.items():
         total = [r["import_sglang_s"] + r["registry_s"] for r in rows]
         result[mode] = {"import_sglang_s": spread([r["import_sglang_s"] for r in rows]),
@@ -161,7 +172,8 @@ def format_result(r: dict) -> str:
     def cell(s):
         return f"{s['median'] * 1e3:8.1f} ms (IQR {s['q1'] * 1e3:.1f}-{s['q3'] * 1e3:.1f}, " \
                f"min {s['min'] * 1e3:.1f}, max {s['max'] * 1e3:.1f})"
-    lines = [f"sglang {r['version']}, {r['runs']} interleaved runs per mode (fresh process each)"]
+    lines = [f"sglang {r['version']}, {r['runs']} interleaved runs per mode (fresh process each); "
+             f"sglang-pcie {r['sglang_pcie']}"]
     for mode in MODES:
         m = r[mode]
         lines.append(f"  {mode:8} import sglang {cell(m['import_sglang_s'])}")
@@ -184,7 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=7, help="fresh processes per mode and release")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--no-install", action="store_true",
-                        help="use the sglang-pcie already installed in the venvs instead of this checkout's wheel")
+                        help="use the sglang-pcie already installed in the venvs instead of this checkout's HEAD")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs} is not a positive number")
