@@ -19,6 +19,10 @@ What each release has, re-derived from the pristine wheels 0.5.8-0.5.23:
 The change is written once, as source text (``rewrite``): the versioned diffs are that text, and ``apply`` compiles
 the same text and puts the changed functions' code into the existing function objects (``__code__``), so the
 modules that imported the gate by name see the change as well.
+
+Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
+(``disabled_reason``), and the text baked into an image by ``apply-diffs`` checks the variable itself, so without it
+every patched function answers, raises and logs as SGLang's own.
 """
 from __future__ import annotations
 
