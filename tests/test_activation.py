@@ -87,7 +87,7 @@ print(json.dumps({"rc": proc.returncode, "version": report["sglang_version"],
                 "drafter-delegation": "applied"}),
 ])
 def test_verify_patches_runtime_in_real_release(sglang_env, version, expected):
-    out = sglang_env(version).run_json(VERIFY, env={"EAGLE3_PROFILE": "1"})
+    out = sglang_env(version).run_json(VERIFY, env={"EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
     assert out["version"] == version
     assert out["statuses"] == expected, out["stderr"]
     assert out["rc"] == 0
@@ -139,7 +139,7 @@ def drifted_0_5_23(sglang_env, tmp_path_factory):
 
 def test_drifted_patch_is_skipped_with_one_line_and_the_others_apply(drifted_0_5_23):
     env, root = drifted_0_5_23
-    proc = env.run(DRIFT, env={"PYTHONPATH": str(root), "EAGLE3_PROFILE": "1"})
+    proc = env.run(DRIFT, env={"PYTHONPATH": str(root), "EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["imported"] and out["sm120"] == ["drifted"]
@@ -150,7 +150,8 @@ def test_drifted_patch_is_skipped_with_one_line_and_the_others_apply(drifted_0_5
 
 def test_strict_mode_stops_at_a_drifted_patch(drifted_0_5_23):
     env, root = drifted_0_5_23
-    out = env.run_json(DRIFT, env={"PYTHONPATH": str(root), "SGLANG_PCIE_STRICT": "1"})
+    out = env.run_json(DRIFT, env={"PYTHONPATH": str(root), "SGLANG_PCIE_STRICT": "1",
+                                   "SGLANG_PCIE_SM120_FUSION": "1"})
     assert not out["imported"]
     assert out["error"].startswith("StrictModeError: sglang-pcie: SGLANG_PCIE_STRICT=1 and patch"
                                    " sm120-allreduce-fusion skipped")
