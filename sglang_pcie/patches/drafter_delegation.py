@@ -62,24 +62,24 @@ HELPER_SOURCE = f'''\
 # {MARKER}: an EAGLE target class lacking EAGLE's methods forwards them to its language model
 def {HELPER_NAME}(load_model):
     import ast, functools, inspect, textwrap
-    methods = ("set_eagle3_layers_to_capture", "get_embed_and_head", "set_embed_and_head", "get_embed_and_head_for_draft")
+    capable = ("set_eagle3_layers_to_capture", "get_embed_and_head")  # what a language model has, and EAGLE asks
+    methods = capable + ("set_embed_and_head", "get_embed_and_head_for_draft")
 
     def forwarding(cls, name, method, added, logged):
-        def forward_to_inner(self, *args, **kwargs):
+        def forwarded(self, *args, **kwargs):
             if not logged:
                 logged.append(method)
                 logger.warning("sglang-pcie {PATCH_ID}: %s lacks %s; forwarding to its %s (%s)",
                                cls.__name__, ", ".join(added), name, type(getattr(self, name)).__name__)
             return getattr(getattr(self, name), method)(*args, **kwargs)
-        forward_to_inner.__qualname__ = f"{{cls.__qualname__}}.{{method}}"
-        forward_to_inner.__sglang_pcie_patch__ = "{PATCH_ID}"
-        return forward_to_inner
+        forwarded.__qualname__, forwarded.__sglang_pcie_patch__ = f"{{cls.__qualname__}}.{{method}}", "{PATCH_ID}"
+        return forwarded
 
     @functools.wraps(load_model)
     def load_model_then_delegate(self, *args, **kwargs):
         result = load_model(self, *args, **kwargs)
         cls = type(self.model)
-        if self.is_draft_worker or not self.spec_algorithm.is_eagle() or all(hasattr(cls, m) for m in methods[:2]):
+        if self.is_draft_worker or not self.spec_algorithm.is_eagle() or all(hasattr(cls, m) for m in capable):
             return result
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
@@ -88,7 +88,7 @@ def {HELPER_NAME}(load_model):
         handed = {{ast.unparse(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
                   for node in (call.func, *call.args, *(k.value for k in call.keywords))}}
         held = [(name, child) for name, child in self.model.named_children()
-                if all(hasattr(child, m) for m in methods[:2]) and {{f"self.{{name}}", f"self.{{name}}.forward"}} & handed]
+                if all(hasattr(child, m) for m in capable) and {{f"self.{{name}}", f"self.{{name}}.forward"}} & handed]
         for name, inner in held if len(held) == 1 else ():  # one language model: its hidden states reach the logits
             added, logged = [m for m in methods if not hasattr(cls, m) and hasattr(inner, m)], []
             for method in added:
@@ -381,8 +381,8 @@ class SourceModels:
             for name, outline in self.outline(module).items():
                 # Only classes assigning self.x = <capable class>(...) in their text are parsed.
                 callees = set(_SELF_CALL_ASSIGN.findall(text, outline.start, outline.end))
-                if any(self.is_capable(module, callee) for callee in callees) and (wrapper := self.wrapper(module, name)):
-                    found.append(wrapper)
+                if any(self.is_capable(module, callee) for callee in callees):
+                    found.extend(filter(None, [self.wrapper(module, name)]))
         return found
 
 
@@ -537,9 +537,9 @@ def hook_problems(tree: SourceTree) -> list[str]:
     if load_model is None:
         problems.append("ModelRunner.load_model is missing")
     else:
-        asked = sorted(n.attr for n in ast.walk(load_model) if isinstance(n, ast.Attribute)
-                       and n.attr in DELEGATED_METHODS) + sorted(
-            n.id for n in ast.walk(load_model) if isinstance(n, ast.Name) and n.id == "configure_aux_hidden_state_capture")
+        used = {n.attr for n in ast.walk(load_model) if isinstance(n, ast.Attribute)} | {
+            n.id for n in ast.walk(load_model) if isinstance(n, ast.Name)}
+        asked = sorted(used & {*DELEGATED_METHODS, "configure_aux_hidden_state_capture"})
         if asked:  # the wrapper runs after load_model: too late for a call inside it
             problems.append(f"ModelRunner.load_model itself uses {', '.join(asked)}")
     if not any(isinstance(n, ast.Call) and ast.unparse(n.func) == "self.load_model"
