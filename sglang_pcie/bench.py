@@ -537,13 +537,19 @@ def nccl_debug_env(env: dict) -> bool:
     return env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE") and ("ENV" in subsys or "ALL" in subsys)
 
 
+NOT_NCCL_SETTINGS = ("NCCL_VERSION",)
+
+
 def expected_nccl(env: dict) -> dict:
     """The NCCL variables a server started with ``env`` hands NCCL: the user's, plus what the overlay chooses
     (the same decision its launcher makes, on this machine, from this environment)."""
     from sglang_pcie import nccl
     from sglang_pcie.settings import load_settings
 
-    expected = {k: v for k, v in env.items() if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG")}
+    # NCCL_VERSION is what container images (NVIDIA's among them) export to name the installed NCCL: not a
+    # setting NCCL reads, so NCCL never reports it (seen on the 2 x H200 machine).
+    expected = {k: v for k, v in env.items()
+                if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG") and k not in NOT_NCCL_SETTINGS}
     settings = load_settings(env)
     if not settings.disabled and settings.nccl_profile is not None:
         chosen = nccl.decide(settings.nccl_profile, dict(env)).values

@@ -510,6 +510,12 @@ def test_nccl_values_the_overlay_chose_are_checked_against_what_nccl_read(capsys
     assert runs["off"]["nccl_env"] == {"NCCL_NVLS_ENABLE": ["0"]}
 
 
+def test_nccl_version_exported_by_container_images_is_not_expected_to_be_read():
+    # The 2 x H200 image exports NCCL_VERSION=2.28.3-1; NCCL never reports reading it, so it is no evidence either way.
+    env = {"NCCL_VERSION": "2.28.3-1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "SGLANG_PCIE_DISABLE": "1"}
+    assert bench.expected_nccl(env) == {"NCCL_NVLS_ENABLE": "0"}
+
+
 def test_inherited_decision_marker_is_not_passed_on():
     from sglang_pcie.nccl import DECIDED_VAR
 
