@@ -65,6 +65,7 @@ class SourceTree:
         # Each module is read and parsed once, so the patches' checks share the work; they never modify it.
         self._sources: dict[str, str | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
+        self._bindings: dict[str, dict[str, ast.stmt]] = {}
         # Each patch's static check (verify.check_source), once per tree: a tree is read as it was when first
         # read; after writing into the folder (apply-diffs), make a new SourceTree.
         self.results: dict[str, "Result"] = {}
@@ -119,12 +120,14 @@ class SourceTree:
     def bindings(self, module: str) -> dict[str, ast.stmt]:
         """Top-level name -> the statement binding it (def, class, assignment, import), last binding winning;
         statements under ``if``/``try``/``with`` count, those under ``if TYPE_CHECKING:`` do not (they never run)."""
-        tree = self.tree(module)
-        found: dict[str, ast.stmt] = {}
-        for stmt in _executed_top_level(tree.body if tree else []):
-            for name in _bound_names(stmt):
-                found[name] = stmt
-        return found
+        if module not in self._bindings:
+            tree = self.tree(module)
+            found: dict[str, ast.stmt] = {}
+            for stmt in _executed_top_level(tree.body if tree else []):
+                for name in _bound_names(stmt):
+                    found[name] = stmt
+            self._bindings[module] = found
+        return self._bindings[module]
 
     def absolute(self, module: str, node: ast.ImportFrom) -> str:
         """The absolute module an ``ImportFrom`` in ``module`` names (relative imports resolved)."""
@@ -149,7 +152,7 @@ class SourceTree:
         if isinstance(stmt, ast.ImportFrom):
             alias = next(a for a in stmt.names if (a.asname or a.name) == name)
             source = self.absolute(module, stmt)
-            if self.path(source) is None:  # outside this tree (torch, a third-party package): trust it
+            if self.path(source) is None and source.split(".")[0] != "sglang":  # torch, a third-party package
                 return source, alias.name
             return self.origin(source, alias.name, _depth + 1) or (
                 (f"{source}.{alias.name}", "") if self.path(f"{source}.{alias.name}") else None)

@@ -234,6 +234,9 @@ def test_names_resolve_as_python_would_import_them(tmp_path):
     assert tree.origin("sglang.utils", "gpu") == ("sglang.utils.gpu", "")  # a submodule
     assert tree.defines("sglang.lazy", "anything")  # a module __getattr__ may answer any name
     assert not tree.defines("sglang.missing", "probe")
+    (tmp_path / "sglang/broken.py").write_text("from sglang.gone import probe\nfrom torch import tensor\n")
+    assert not tree.defines("sglang.broken", "probe")  # imported from a module of the tree that is not there
+    assert tree.origin("sglang.broken", "tensor") == ("torch", "tensor")  # outside the tree: taken as it says
 
 
 def test_methods_are_found_on_the_class_or_inherited(tmp_path):
