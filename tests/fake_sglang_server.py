@@ -81,6 +81,10 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     shift = 0
     running = 0
+    # The most requests running at once since the server was last idle. SGLang's log line reports the batch it
+    # is decoding; here each request logs the peak of its busy period, so that a loaded test machine that starts
+    # the client threads late still logs the full batch once it has been reached.
+    peak = 0
 
     def log_message(self, *args):  # quiet: the log is bench's evidence, keep it short
         pass
@@ -141,13 +145,16 @@ class Handler(BaseHTTPRequestHandler):
         else:
             with LOCK:
                 Handler.running += 1
+                Handler.peak = max(Handler.peak, Handler.running)
             time.sleep(cycle_s * cycles)
             with LOCK:
                 # SGLang's scheduler log line (metrics_reporter), one per request here instead of every 40 steps
-                print(f"[fake] Decode batch, #running-req: {Handler.running}, token usage: 0.01, accept len:"
+                print(f"[fake] Decode batch, #running-req: {Handler.peak}, token usage: 0.01, accept len:"
                       f" {count / max(cycles, 1):.2f}, cuda graph: True, gen throughput (token/s):"
-                      f" {Handler.running * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
+                      f" {Handler.peak * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
                 Handler.running -= 1
+                if Handler.running == 0:
+                    Handler.peak = 0
             self._json(200, {"text": "", "output_ids": tokens, "meta_info": meta(count, cycles)})
         write_profile(count - 1, cycles)  # the profile counts the tokens of decode cycles
 
