@@ -64,6 +64,9 @@ from collections import deque
 
 from sglang_pcie.base import is_patched, mark
 
+# The v1 worker's per-request accepted-draft counts (host lists), by release: 0.5.8-0.5.10, 0.5.11, 0.5.12-0.5.12.post1.
+V1_ACCEPT_FIELDS = ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu", "num_correct_drafts_per_req_cpu")
+
 PATCH_ID = "eagle3-profile"
 SCHEMA_FAMILY = "sglang-pcie.eagle3-profile/"
 SCHEMA_MAJOR = 2  # 2: sampled timers, run id and ranks, wall-clock and served figures, profiler host time
@@ -797,7 +800,7 @@ class Profiler:
             self._stash = (result, accept_lens, stats, batch_size, slot is not None)
             stats.outstanding += 1
             return
-        for name in ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu"):  # v1: drafts only
+        for name in V1_ACCEPT_FIELDS:  # v1: drafts only
             per_request = getattr(result, name, None)
             if per_request is not None:
                 tokens = sum(per_request) + len(per_request)

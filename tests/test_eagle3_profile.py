@@ -412,6 +412,15 @@ def test_wall_time_tiles_back_to_back_intervals(profiler_factory, monkeypatch):
     assert profiler.records[0]["tokens_per_s_served"] == pytest.approx(18 / 0.0045)
 
 
+@pytest.mark.parametrize("field", ["accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu",
+                                   "num_correct_drafts_per_req_cpu"])  # 0.5.8-0.5.10, 0.5.11, 0.5.12(.post1)
+def test_v1_accepted_drafts_are_counted_under_each_releases_field_name(field):
+    # v1 gives accepted drafts per request as a host list; each request also emits one bonus token.
+    stats = ep.IntervalStats()
+    ep.Profiler(sample_every=None)._count_tokens(types.SimpleNamespace(**{field: [1, 2, 0]}), None, stats)
+    assert (stats.requests_all, stats.requests, stats.tokens) == (3, 3, 6)
+
+
 def test_sample_every_adapts_to_the_host_budget():
     profiler = ep.Profiler(sample_every=None)
     assert profiler.sample_every == ep.SAMPLE_START

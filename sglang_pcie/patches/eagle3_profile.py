@@ -33,7 +33,7 @@ TARGETS = {
 MODULE_RELEASES = {V1: ("0.5.8", "0.5.12.post1"), V2: ("0.5.8", None)}
 # What the profiler reads on the cycle's result to count accepted tokens (any one of them, per module); keep in
 # step with sglang_pcie.eagle_profiler (Profiler._count_tokens).
-RESULT_FIELDS = {V1: ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu"), V2: ("accept_lens",)}
+RESULT_FIELDS = {V1: eagle_profiler.V1_ACCEPT_FIELDS, V2: ("accept_lens",)}
 # The name the diff defines at module level; its presence means the source carries the diff.
 DIFF_DECORATOR = "_sglang_pcie_profile_phase"
 COMMENT = f"# {DIFF_MARKER} eagle3-profile"
