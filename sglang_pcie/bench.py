@@ -1146,8 +1146,17 @@ def make_plan(argv: list[str]) -> Plan:
     if not launch_args and not args.server_cmd:
         raise UsageError("no launch_server arguments after '--' (e.g. -- --model-path /models/target --tp-size 2)")
     for name in ("repeats", "concurrency", "stream_requests", "input_len", "output_len"):
-        if getattr(args, name) < (0 if name == "stream_requests" else 1):
+        if name == "stream_requests" and args.stream_requests < 0:
+            raise UsageError(f"--stream-requests {args.stream_requests}: must be an integer >= 0")
+        if name != "stream_requests" and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    # free_port tries port..port+199; past 65535 socket.bind raises OverflowError, not OSError.
+    if not 1 <= args.port <= 65535 - 199:
+        raise UsageError(f"--port {args.port}: must be between 1 and {65535 - 199}")
+    for name in ("start_timeout", "stop_timeout", "request_timeout"):
+        value = getattr(args, name)
+        if not value > 0 or value == float("inf"):
+            raise UsageError(f"--{name.replace('_', '-')} {value}: must be a positive number of seconds")
     variants = resolve_variants(args.variant)
     for v in variants:
         if v.repeats is not None and v.repeats > args.repeats:

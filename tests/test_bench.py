@@ -90,6 +90,12 @@ def test_bad_variant_is_one_line_exit_2(capsys, spec, named):
     (["--env", "EAGLE3_PROFILE=1"], "EAGLE3_PROFILE"),
     (["--token-range", "9:3"], "'9:3'"),
     (["--concurrency", "0"], "--concurrency 0"),
+    (["--stream-requests", "-1"], "--stream-requests -1: must be an integer >= 0"),
+    (["--port", "0"], "--port 0"),
+    (["--port", "65400"], "--port 65400"),
+    (["--start-timeout", "0"], "--start-timeout 0"),
+    (["--stop-timeout", "-1"], "--stop-timeout -1"),
+    (["--request-timeout", "nan"], "--request-timeout nan"),
 ])
 def test_bad_options_exit_2(capsys, argv, named):
     code = cli_main(["bench", *argv, "--dry-run", "--", "--model-path", "m"])
