@@ -844,6 +844,20 @@ def _stop(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def unwritable(out: Path) -> str | None:
+    """Why the tuned file could not be written at ``out`` (None when it can): checked before the sweep."""
+    if out.is_dir():
+        return "is a folder; give the file's path"
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:  # write_config creates the missing folders
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None, worker_command: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--worker"]:
@@ -901,6 +915,10 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
                                     if not skip_ipc else f"not measured: {skip_ipc}"))
         return 0
 
+    problem = unwritable(out)
+    if problem:  # found now, not after a sweep of many minutes
+        return fail(f"--out {out}: {problem}")
+
     command = worker_command or [sys.executable, "-m", "sglang_pcie.tune_nccl"]
     # Stopped by `timeout`, a scheduler or kill: unwind, so that run_profile kills the workers (they run in
     # their own sessions and would otherwise hold the GPUs after we are gone). Ctrl-C unwinds the same way.
@@ -951,7 +969,14 @@ def main(argv: list[str] | None = None, worker_command: list[str] | None = None)
                   for name in sweep.measured},
         "ipc": ipc,
     }
-    tuning.write_config(out, config)
+    try:
+        tuning.write_config(out, config)
+    except (OSError, ValueError) as exc:
+        # The measurements took minutes: keep them on stderr rather than lose them.
+        print(f"sglang-pcie tune-nccl: could not write {out}: {exc}; the tuned config follows on stderr",
+              file=sys.stderr)
+        print(json.dumps(config, indent=1, sort_keys=True, default=str), file=sys.stderr)
+        return 1
     chosen = " ".join(f"{k}={v}" for k, v in values.items()) or "nothing (NCCL defaults are fastest here)"
     print(f"NCCL winner: {verdict.winner}: {chosen}")
     print(f"PCIe-IPC all-reduce: {ipc['verdict']}"

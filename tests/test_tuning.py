@@ -777,3 +777,33 @@ def test_ipc_benchmark_paths_option():
     assert bench.parse_args(["--paths", "pcie-ipc,nccl"]).paths == ["nccl", "pcie-ipc"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--paths", "nvls"])
+
+
+def test_an_unwritable_out_is_refused_before_the_sweep(fake_worker, isolated, capsys):
+    command, log = fake_worker
+    blocker = isolated.parent / "a-file"
+    blocker.write_text("")
+    code = tune_nccl.main(["--backend", "gloo", "--tp", "2", "--out", str(blocker / "tuned.json")],
+                          worker_command=command)
+    err = capsys.readouterr().err
+    assert code == 2 and f"--out {blocker / 'tuned.json'}: {blocker} is not a folder" in err
+    assert not list(log.glob("*.json"))  # no worker started
+    assert tune_nccl.unwritable(isolated.parent / "new" / "deeper" / "tuned.json") is None  # created on write
+    assert "is a folder" in tune_nccl.unwritable(isolated.parent)
+
+
+def test_a_failed_write_keeps_the_measurements_on_stderr(fake_worker, isolated, capsys, monkeypatch):
+    command, _ = fake_worker
+
+    def refuse(path, config):
+        raise ValueError("refusing to write an unusable tuned file: test")
+
+    monkeypatch.setattr(tuning, "write_config", refuse)
+    out = isolated.parent / "out" / "tuned.json"
+    code = tune_nccl.main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--prefill-tokens", "none",
+                           "--profiles", "proto-LL", "--out", str(out)], worker_command=command)
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists()
+    assert f"could not write {out}: refusing to write an unusable tuned file: test" in err
+    config = json.loads(err[err.index("\n{") + 1:])
+    assert config["winner"] in ("default", "proto-LL") and "table" in config
