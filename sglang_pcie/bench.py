@@ -248,8 +248,30 @@ def generate(host, port, input_ids, max_new_tokens, timeout) -> dict:
         conn.close()
     if not isinstance(data, dict) or "output_ids" not in data:
         raise RequestError(f"/generate answered without output_ids: {str(data)[:200]}")
-    return {"output_ids": list(data["output_ids"]), "meta_info": data.get("meta_info") or {},
-            "latency_s": time.perf_counter() - start}
+    ids, meta = checked_reply(data, "/generate", ids_required=True)
+    return {"output_ids": ids, "meta_info": meta or {}, "latency_s": time.perf_counter() - start}
+
+
+_COUNTS = ("completion_tokens", "spec_verify_ct")  # the meta_info fields bench does arithmetic with
+
+
+def checked_reply(data, where: str, ids_required: bool = False) -> tuple[list, dict | None]:
+    """(output ids, meta_info) of one reply or stream chunk; RequestError when their shapes are not SGLang's,
+    so that a malformed reply fails the run instead of escaping as a TypeError."""
+    if not isinstance(data, dict):
+        raise RequestError(f"{where} answered {type(data).__name__}, not an object: {str(data)[:200]}")
+    ids, meta = data.get("output_ids"), data.get("meta_info")
+    if ids is None and not ids_required:  # a stream chunk may carry meta info only
+        ids = []
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise RequestError(f"{where} answered output_ids that are not a list of integers: {str(ids)[:200]}")
+    if meta is not None and not isinstance(meta, dict):
+        raise RequestError(f"{where} answered meta_info that is not an object: {str(meta)[:200]}")
+    for key in _COUNTS:
+        value = (meta or {}).get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise RequestError(f"{where} answered meta_info {key}={value!r}, not an integer")
+    return ids, meta
 
 
 def generate_stream(host, port, input_ids, max_new_tokens, timeout) -> dict:
@@ -269,10 +291,10 @@ def generate_stream(host, port, input_ids, max_new_tokens, timeout) -> dict:
             if data == b"[DONE]":
                 break
             chunk = json.loads(data)
-            if "error" in chunk:
+            if isinstance(chunk, dict) and "error" in chunk:
                 raise RequestError(f"stream error: {str(chunk['error'])[:200]}")
-            ids = list(chunk.get("output_ids") or [])
-            meta = chunk.get("meta_info") or meta
+            ids, chunk_meta = checked_reply(chunk, "/generate stream")
+            meta = chunk_meta or meta
             # SGLang streams cumulative ids by default and deltas with --incremental-streaming-output;
             # completion_tokens tells which one this chunk is.
             if meta.get("completion_tokens") == len(ids) and len(ids) >= len(tokens):
