@@ -1223,7 +1223,15 @@ def run_plan(plan: Plan) -> dict:
     runs = plan.schedule()
     progress(f"{len(runs)} servers, order {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
     for run in runs:
-        records.append(execute_run(plan, run, prompts, progress))
+        try:
+            records.append(execute_run(plan, run, prompts, progress))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: execute_run stopped the server; keep what was measured
+            records.append({"index": run["index"], "repeat": run["repeat"], "variant": run["variant"],
+                            "env": run["env"], "ok": False,
+                            "failure": {"stage": "interrupted", "message": "bench was interrupted (Ctrl-C or SIGTERM)",
+                                        "log_tail": ""}})
+            save(assemble(plan, records, started, complete=False), plan.out)
+            raise
         save(assemble(plan, records, started, complete=False), plan.out)
     results = assemble(plan, records, started, complete=True)
     results["chart"] = write_chart(results, plan.out / "ratios.png")
@@ -1287,7 +1295,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run_plan(plan)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; partial results in {plan.out}/results.json", file=sys.stderr)
+        saved = plan.out / "results.json"
+        print(f"{PROG}: interrupted; " + (f"partial results in {saved}" if saved.is_file() else "no results written"),
+              file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -588,7 +588,9 @@ def test_sigterm_to_bench_stops_the_server_tree(tmp_path):
     pids = [int(p) for p in re.findall(r"child pid (\d+)", log.read_text())]
     bench_proc.send_signal(signal.SIGTERM)
     _, err = bench_proc.communicate(timeout=60)
-    assert bench_proc.returncode == 130 and "interrupted; partial results" in err
+    assert bench_proc.returncode == 130 and f"interrupted; partial results in {out / 'results.json'}" in err
+    results = json.loads((out / "results.json").read_text())  # saved although the first server never answered
+    assert results["complete"] is False and [r["failure"]["stage"] for r in results["runs"]] == ["interrupted"]
     assert "1/2 baseline (repeat 1): stopped 2 processes" in err and "(SIGKILL needed)" in err
     assert len(pids) == 1 and not _alive(pids[0])
 
@@ -669,3 +671,12 @@ def test_well_formed_replies_still_parse(canned_server):
                      b'data: {"output_ids": [5, 6], "meta_info": {"completion_tokens": 2}}\n\ndata: [DONE]\n\n')
     result = bench.generate_stream("127.0.0.1", port, [1], 2, 5)
     assert result["output_ids"] == [5, 6] and len(result["arrivals"]) == 2
+
+
+def test_an_interrupt_before_any_result_does_not_point_at_a_missing_file(capsys, tmp_path, monkeypatch):
+    def interrupted(plan):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_plan", interrupted)
+    code = cli_main(["bench", "--out", str(tmp_path / "out"), "--server-cmd", FAKE, "--", "--model-path", "m"])
+    assert code == 130 and "interrupted; no results written" in capsys.readouterr().err
