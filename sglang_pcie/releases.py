@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 # The releases every patch is tested against (patches/<release>/ holds their diffs).
@@ -108,9 +109,15 @@ def fetch_source(version: str) -> Path:
 def _unpack(wheel: Path, root: Path) -> None:
     partial = root.with_name(root.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as archive:
-        members = [name for name in archive.namelist()
-                   if name.startswith("sglang/") and name.endswith(".py")]
-        archive.extractall(partial, members)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [name for name in archive.namelist()
+                       if name.startswith("sglang/") and name.endswith(".py")]
+            archive.extractall(partial, members)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        # A truncated or corrupt download: drop it, so that the next run fetches the wheel again.
+        shutil.rmtree(partial, ignore_errors=True)
+        wheel.unlink(missing_ok=True)
+        raise RuntimeError(f"{wheel}: not a readable wheel ({exc}); deleted, run again to fetch it anew") from None
     shutil.rmtree(root, ignore_errors=True)
     partial.rename(root)

@@ -740,3 +740,14 @@ def test_published_llama3_drafter_config_uses_the_default_layers():
     ckpt.config = config
     assert cd.draft_layer_ids(ckpt) is None
     assert cd.aux_count(ckpt, reads_num_aux=True) == (3, "default 3")
+
+
+def test_a_corrupt_cached_wheel_is_an_input_error_and_is_deleted(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_CACHE", str(tmp_path))
+    wheel = tmp_path / "wheels" / "sglang-0.5.99-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"PK\x03\x04 truncated download")
+    with pytest.raises(cd.InputError, match=f"{wheel}: not a readable wheel .*deleted, run again"):
+        cd.sglang_models(None, "0.5.99")
+    assert not wheel.exists()  # the next run fetches it again
+    assert not (tmp_path / "src" / "0.5.99").exists() and not (tmp_path / "src" / "0.5.99.partial").exists()
