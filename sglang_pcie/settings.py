@@ -122,9 +122,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         s.nccl_profile = None
         s.errors.append(f"SGLANG_PCIE_NCCL_PROFILE={shown(raw)} is not one of {', '.join(NCCL_PROFILES)};"
                         " no NCCL profile applied")
-    error = _tuned_file_error(env)
-    if error:
-        s.errors.append(error)
+    # The tuned file is read only where the NCCL decision reads it: profile auto or tuned, in the process that
+    # decides. Spawned workers inherit the decision (and its one warning) instead of saying it again.
+    from sglang_pcie.nccl import DECIDED_VAR
+
+    if s.nccl_profile in ("auto", "tuned") and DECIDED_VAR not in env:
+        error = _tuned_file_error(env)
+        if error:
+            s.errors.append(error)
 
     raw = env.get("EAGLE3_PROFILE_INTERVAL", "")
     if raw.strip():

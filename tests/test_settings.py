@@ -128,6 +128,17 @@ def test_default_tuned_file_is_checked_too_and_its_absence_is_fine(tmp_path):
     assert len(s.errors) == 1 and s.errors[0].startswith(f"SGLANG_PCIE_TUNED_FILE (unset: the default {default})")
 
 
+@pytest.mark.parametrize("extra", [{"SGLANG_PCIE_NCCL_PROFILE": "off"}, {"SGLANG_PCIE_NCCL_PROFILE": "pcie"},
+                                   {"SGLANG_PCIE_NCCL_DECIDED": "none"}])
+def test_tuned_file_is_checked_only_where_the_nccl_decision_reads_it(tmp_path, extra):
+    # off / pcie never read it; a spawned worker inherits the launcher's decision (and its one warning), so a
+    # TP8 server does not print the same line nine times.
+    broken = tmp_path / "nccl-tuned.json"
+    broken.write_text("{not json")
+    assert load_settings({"SGLANG_PCIE_TUNED_FILE": str(broken), **extra}).errors == []
+    assert len(load_settings({"SGLANG_PCIE_TUNED_FILE": str(broken)}).errors) == 1
+
+
 # ------------------------------------------------------------------------------- EAGLE3_PROFILE_*
 
 
