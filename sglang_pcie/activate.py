@@ -43,7 +43,10 @@ def activate() -> bool:
         return False
     for error in settings.errors:
         warn(error)
-    nccl.apply_for_process(settings)
+    try:
+        nccl.apply_for_process(settings)
+    except Exception as exc:  # the patches still register; NCCL keeps its defaults
+        warn(f"NCCL decision failed, NCCL defaults kept: {type(exc).__name__}: {exc}")
 
     watcher = sglang_pcie_startup.get_watcher()
     for patch in registry.all_patches():

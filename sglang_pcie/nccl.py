@@ -237,6 +237,15 @@ def probe_topology(environ=None) -> Topology:
 # The decision
 
 
+def _exists(path) -> bool:
+    """Path.exists() that answers False where the folder cannot be entered (HOME of another user in a container)
+    instead of raising in the middle of activation."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def decide(requested: str | None, environ: MutableMapping[str, str] | None = None,
            probe: Callable[[], Topology] | None = None) -> NcclDecision:
     """What ``requested`` (an SGLANG_PCIE_NCCL_PROFILE value) means on this machine. Touches nothing."""
@@ -260,7 +269,7 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
             chosen, reason = None, tuned_reason
         else:
             chosen, reason = None, f"auto: {_untuned_reason(topology)}: NCCL defaults kept"
-            if tuning.config_path(env).exists():  # a file measured elsewhere, or unusable: say why it was passed over
+            if _exists(tuning.config_path(env)):  # a file measured elsewhere, or unusable: say why it was passed over
                 reason = f"{reason}; {tuned_reason}"
             if topology.gpu_count > 1 and topology.nvlink is False:
                 advice = TUNE_ADVICE.format(count=topology.gpu_count)

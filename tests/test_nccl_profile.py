@@ -229,3 +229,15 @@ def test_activation_cost_stays_small_without_gpus(monkeypatch):
     apply_for_process(load_settings({}), dict(NO_TUNED))
     assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("torch", "sglang", "flashinfer")}
     assert isinstance(ctypes.c_uint(0).value, int)
+
+
+def test_a_config_folder_that_cannot_be_entered_does_not_break_the_decision(monkeypatch, tmp_path):
+    # HOME of another user in a container: Path.exists() raises PermissionError instead of answering False.
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "exists", refuse)
+    decision = nccl.decide("auto", {}, probe=lambda: nccl.Topology(["NVIDIA L40S"] * 2, False, True, "nvml", ""))
+    assert decision.profile == "none" and decision.values == {}
