@@ -261,8 +261,11 @@ def _executed_top_level(body: list[ast.stmt]):
     """The statements of a module body that run at import, looking into ``if``/``try``/``with`` blocks."""
     for stmt in body:
         if isinstance(stmt, ast.If):
-            if "TYPE_CHECKING" in ast.unparse(stmt.test):
+            if ast.unparse(stmt.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):  # the body never runs
                 yield from _executed_top_level(stmt.orelse)
+                continue
+            if ast.unparse(stmt.test) in ("not TYPE_CHECKING", "not typing.TYPE_CHECKING"):  # only the body runs
+                yield from _executed_top_level(stmt.body)
                 continue
             yield from _executed_top_level(stmt.body)
             yield from _executed_top_level(stmt.orelse)

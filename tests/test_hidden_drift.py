@@ -224,7 +224,11 @@ def test_names_resolve_as_python_would_import_them(tmp_path):
         "sglang/utils/extra.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import Hidden\n"
                                  "try:\n    import fast as helper\nexcept ImportError:\n    def helper(): pass\n",
         "sglang/lazy.py": "def __getattr__(name): raise AttributeError(name)\n",
+        "sglang/runtime_only.py": "import typing\nif not typing.TYPE_CHECKING:\n    def at_run_time(): pass\n"
+                                  "else:\n    def for_checkers(): pass\n",
     })
+    assert tree.defines("sglang.runtime_only", "at_run_time")  # `if not TYPE_CHECKING:` runs its body
+    assert not tree.defines("sglang.runtime_only", "for_checkers")
     assert tree.origin("sglang.utils", "probe") == ("sglang.utils.common", "probe")
     assert tree.origin("sglang.utils", "reexported") == ("sglang.utils.gpu", "probe")
     assert not tree.defines("sglang.utils", "not_exported")  # not in common's __all__
