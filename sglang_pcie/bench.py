@@ -1081,7 +1081,10 @@ def assemble(plan: Plan, records: list[dict], started: str, complete: bool) -> d
 
 def save(results: dict, out: Path) -> None:
     partial = out / "results.json.partial"
-    partial.write_text(json.dumps(results, indent=1, default=str))
+    from sglang_pcie.eagle_profiler import finite  # the helper profile_report uses too
+
+    # Strict JSON: a NaN/Infinity (a zero-length phase, a broken profile) becomes null, not a bare NaN token.
+    partial.write_text(json.dumps(finite(results), indent=1, default=str, allow_nan=False))
     partial.replace(out / "results.json")
 
 

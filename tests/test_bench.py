@@ -680,3 +680,12 @@ def test_an_interrupt_before_any_result_does_not_point_at_a_missing_file(capsys,
     monkeypatch.setattr(bench, "run_plan", interrupted)
     code = cli_main(["bench", "--out", str(tmp_path / "out"), "--server-cmd", FAKE, "--", "--model-path", "m"])
     assert code == 130 and "interrupted; no results written" in capsys.readouterr().err
+
+
+def test_results_json_is_strict_json(tmp_path):
+    bench.save({"ratio": float("nan"), "runs": [{"tok_s": float("inf"), "ok": True, "n": 3, "log": tmp_path}]},
+               tmp_path)
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    saved = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
+    assert saved == {"ratio": None, "runs": [{"tok_s": None, "ok": True, "n": 3, "log": str(tmp_path)}]}
