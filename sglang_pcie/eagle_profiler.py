@@ -820,8 +820,11 @@ class Profiler:
             self._copies.append(copied)
             self._copy_meta.append((stats, batch_size, timed, getattr(result, "copy_done", None)))
             return
-        # No host copy: this cycle's tokens stay unknown; from now on timed cycles stage their own.
-        self._token_mode = "own"
+        # No host copy: this cycle's tokens stay unknown (its interval reports an estimated accept length). Where
+        # SGLang has never copied, timed cycles stage their own from now on; where it has, one cycle that went
+        # another way must not make every later interval inexact.
+        if self._token_mode is None:
+            self._token_mode = "own"
         stats.outstanding -= 1
 
     def _sum_copies(self, wait):

@@ -366,6 +366,25 @@ def test_sampled_timers_exact_counts(profiler_factory):
     assert profiler._token_mode == "sglang"
 
 
+def test_one_cycle_without_sglangs_host_copy_leaves_later_intervals_exact(profiler_factory):
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=100, clock=clock, sample_every=4, seed=7)
+    worker = Worker()
+    worker.result_lens = DeviceAcceptLens
+    scheduler = Scheduler(worker)
+    for step in range(300):
+        scheduler.copies = step != 50  # one cycle of the first interval goes without SGLang's copy
+        scheduler.step()
+        clock.completed = clock.recorded
+    for _ in range(ep.DRAIN_LAG):
+        scheduler.step("extend")
+    first, second, third = list(profiler.records)[:3]
+    assert profiler._token_mode == "sglang"
+    assert not first["accept_length_exact"] and first["accept_length"] == 2.0  # estimated from the other 99
+    assert second["accept_length_exact"] and third["accept_length_exact"]
+    assert second["tokens"] == 6 * 100 and third["tokens"] == 6 * 100
+
+
 def test_without_sglangs_host_copy_timed_cycles_count_their_own_tokens(profiler_factory):
     clock = GpuTimeline()
     profiler = profiler_factory(interval=50, clock=clock, sample_every=5, seed=3)
