@@ -290,6 +290,18 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
+def tail_lines(path, max_bytes: int = 64 * 1024) -> list[str]:
+    """The lines of the last ``max_bytes`` of a log file (a server's or a worker's stderr, which NCCL_DEBUG=INFO can
+    make large), decoded leniently; [] when it cannot be read. The first line may be cut."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
 def installed_sglang_root() -> Path | None:
     """The folder holding the ``sglang`` package this interpreter imports (found without importing it; once it
     is imported, the imported one), or None when there is none."""

@@ -42,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_pcie.base import tail_lines
+
 PROG = "sglang-pcie bench"
 SCHEMA = "sglang-pcie.bench/1"
 USAGE_ERROR = 2
@@ -511,14 +513,7 @@ def http_get(host, port, path, timeout=5.0):
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(tail_lines(path)[-lines:])
 
 
 def nccl_env_lines(path: Path) -> tuple[dict, int]:

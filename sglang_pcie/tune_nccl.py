@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_pcie import allreduce_paths, nccl, tuning
+from sglang_pcie.base import tail_lines
 
 # The candidates, kept to what fits the time goal (the whole sweep under 3 minutes on 2 GPUs: about 8 s per
 # profile, mostly process start, torch import and NCCL init). NCCL_NVLS_ENABLE is never among them.
@@ -466,11 +467,7 @@ def _read_report(path: Path) -> dict | None:
 
 
 def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> list[str]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+    return [line.rstrip() for line in tail_lines(path) if line.strip()][-lines:]
 
 
 def _last_phase(tail: list[str]) -> str:

@@ -807,3 +807,11 @@ def test_a_failed_write_keeps_the_measurements_on_stderr(fake_worker, isolated, 
     assert f"could not write {out}: refusing to write an unusable tuned file: test" in err
     config = json.loads(err[err.index("\n{") + 1:])
     assert config["winner"] in ("default", "proto-LL") and "table" in config
+
+
+def test_a_ranks_stderr_tail_reads_only_the_end_of_a_large_file(tmp_path):
+    # NCCL_DEBUG=INFO can make a rank's stderr large: the tail comes from its last 64 KiB, blank lines dropped.
+    err = tmp_path / "rank0.err"
+    err.write_text("x" * 200_000 + "\n" + "".join(f"line {i}\n\n" for i in range(50)))
+    assert tune_nccl._tail(err, lines=3) == ["line 47", "line 48", "line 49"]
+    assert tune_nccl._tail(tmp_path / "missing.err") == []
