@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 RUN=/tmp/bench-run
 cd /tmp   # python3 -m imports the installed wheel, as users have it, not the checkout
 if [ "${COLLECT:-0}" != 1 ]; then
-  python3 -m sglang_pcie make-test-models /tmp/bench-models --preset e2e || exit 1
+  python3 -m sglang_pcie make-test-models /tmp/bench-models --preset e2e --acceptance "${ACCEPTANCE:-mixed}" || exit 1
   VARIANTS=(--variant overlay --variant profile)
   if [ "${SWEEP:-0}" = 1 ]; then
     VARIANTS+=(--variant 'steps2:args=--speculative-num-steps 2 --speculative-num-draft-tokens 3;repeats=1'

@@ -13,6 +13,18 @@ The drafter's config names the captured target layers (``eagle_config.eagle_aux_
 SGLang's default, layers [2, L // 2, L - 3], repeats a layer for L < 7 and then feeds ``fc`` two states
 instead of three.
 
+``--acceptance`` decides how often SGLang accepts the drafter's guesses:
+- ``random`` (default): random weights; the drafter almost never guesses right (accept length 1.0).
+- ``mixed`` / ``full``: the same shapes and the same work per token, but the attention and MLP outputs of both models
+  are zero (``o_proj`` and ``down_proj``), so each position's hidden state is its token's embedding. The target's
+  ``lm_head`` then makes the greedy next token a function f of the current token, with values in the draft
+  vocabulary, where f either keeps a token or swaps it with a partner (f(f(t)) == t). The drafter (``fc`` passes
+  the first captured state through, its ``lm_head`` rows are the embeddings of its own tokens) guesses "the token
+  two back", which is right for the whole chain when f keeps the token and for the first guess when f swaps.
+  ``full``: f keeps every token, every draft is accepted (accept length = num_steps + 1 with topk 1). ``mixed``:
+  f keeps half the tokens; a request keeps or alternates from its first output token on, so about half the requests
+  accept every draft and half one per verify (average accept length about (num_steps + 3) / 2).
+
 No tokenizer is written: start the server with ``--skip-tokenizer-init`` and send token ids (as
 ``sglang-pcie bench`` does). Weights are random bf16 of magnitude 2^-7..2^-5 with random signs, norms are 1,
 from ``--seed``: the same bytes on every run. Pure standard library (no torch, no numpy): the 256-hidden default
@@ -62,6 +74,9 @@ class Shape:
         if not 0 < self.draft_vocab <= self.vocab:
             raise ValueError(f"--draft-vocab {self.draft_vocab}: must be in 1..{self.vocab} (the target's vocab)")
 
+
+# share of the draft vocabulary that f keeps (the rest is swapped in pairs); None: random weights
+ACCEPTANCE = {"random": None, "mixed": 0.5, "full": 1.0}
 
 PRESETS = {
     "tiny": Shape(),
@@ -126,8 +141,8 @@ def target_tensors(rng, shape: Shape) -> dict:
     return tensors
 
 
-def draft_tensors(rng, shape: Shape) -> dict:
-    hot = sorted(rng.sample(range(shape.vocab), shape.draft_vocab))  # the draft vocabulary, in target ids
+def draft_tensors(rng, shape: Shape, hot: list[int]) -> dict:
+    """``hot``: the draft vocabulary, in target ids (sorted)."""
     t2d = bytearray(shape.vocab)
     for token in hot:
         t2d[token] = 1
@@ -145,6 +160,44 @@ def draft_tensors(rng, shape: Shape) -> dict:
     return tensors
 
 
+def zeros(rows: int, cols: int):
+    return ("BF16", [rows, cols], bytes(2 * rows * cols))
+
+
+def make_predictable(rng, shape: Shape, target: dict, draft: dict, hot: list[int], keep_share: float) -> None:
+    """Turn the random models into the ``mixed``/``full`` pair of the module docstring (in place)."""
+    h, row = shape.hidden, 2 * shape.hidden
+    for tensors, prefixes in ((target, [f"model.layers.{i}" for i in range(shape.layers)]), (draft, ["midlayer"])):
+        for prefix in prefixes:  # each position's hidden state stays its token embedding
+            tensors[f"{prefix}.self_attn.o_proj.weight"] = zeros(h, shape.heads * shape.head_dim)
+            tensors[f"{prefix}.mlp.down_proj.weight"] = zeros(h, shape.intermediate)
+    embed = target["model.embed_tokens.weight"][2]
+
+    def embedding(token: int) -> bytes:
+        return embed[token * row:(token + 1) * row]
+
+    order = list(hot)
+    rng.shuffle(order)
+    kept = round(keep_share * len(order))
+    kept -= (len(order) - kept) % 2  # the swapped tokens go in pairs
+    partner = {t: t for t in order[:kept]}
+    swapped = order[kept:]
+    for a, b in zip(swapped[0::2], swapped[1::2]):
+        partner[a], partner[b] = b, a
+    # target: logit of token j is <embedding(partner(j)), state>, largest for j = partner(current token); the rows
+    # outside the draft vocabulary are zero, so a token outside it (a prompt token) is followed by one inside.
+    zero_row = bytes(row)
+    target["lm_head.weight"] = ("BF16", [shape.vocab, h], b"".join(
+        embedding(partner[j]) if j in partner else zero_row for j in range(shape.vocab)))
+    # drafter: fc passes the first captured target state (the current token's embedding) through; draft token i's
+    # logit is <embedding(hot[i]), state>, so it guesses partner(partner(current)) == current, the token two back.
+    fc = bytearray(2 * h * 3 * h)
+    for r in range(h):
+        fc[2 * (r * 3 * h + r):2 * (r * 3 * h + r) + 2] = BF16_ONE
+    draft["fc.weight"] = ("BF16", [h, 3 * h], bytes(fc))
+    draft["lm_head.weight"] = ("BF16", [shape.draft_vocab, h], b"".join(embedding(t) for t in hot))
+
+
 def write_model(folder: Path, config: dict, tensors: dict) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
@@ -154,9 +207,11 @@ def write_model(folder: Path, config: dict, tensors: dict) -> int:
     return sum(len(t[2]) for t in tensors.values())
 
 
-def make_models(out: Path, shape: Shape, seed: int = 0) -> dict:
+def make_models(out: Path, shape: Shape, seed: int = 0, acceptance: str = "random") -> dict:
     """Write DIR/target and DIR/draft; returns {"target": path, "draft": path}."""
     shape.check()
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"--acceptance {acceptance}: must be one of {', '.join(ACCEPTANCE)}")
     rng = random.Random(seed)
     target_config = {**common_config(shape), "architectures": ["LlamaForCausalLM"],
                      "num_hidden_layers": shape.layers}
@@ -164,8 +219,13 @@ def make_models(out: Path, shape: Shape, seed: int = 0) -> dict:
                     "draft_vocab_size": shape.draft_vocab,
                     "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids(shape.layers),
                                      "use_aux_hidden_state": True}}
-    sizes = {"target": write_model(out / "target", target_config, target_tensors(rng, shape)),
-             "draft": write_model(out / "draft", draft_config, draft_tensors(rng, shape))}
+    target = target_tensors(rng, shape)
+    hot = sorted(rng.sample(range(shape.vocab), shape.draft_vocab))
+    draft = draft_tensors(rng, shape, hot)
+    if ACCEPTANCE[acceptance] is not None:
+        make_predictable(rng, shape, target, draft, hot, ACCEPTANCE[acceptance])
+    sizes = {"target": write_model(out / "target", target_config, target),
+             "draft": write_model(out / "draft", draft_config, draft)}
     return {name: {"path": str(out / name), "bytes": size} for name, size in sizes.items()}
 
 
@@ -180,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                             ("intermediate", "MLP size"), ("draft-vocab", "drafter vocabulary")):
         parser.add_argument(f"--{name}", type=int, help=f"{help_text} (overrides the preset)")
     parser.add_argument("--seed", type=int, default=0, help="weights and draft vocabulary come from it (default 0)")
+    parser.add_argument("--acceptance", choices=list(ACCEPTANCE), default="random",
+                        help="random (default: drafts almost never accepted), mixed (about half the requests accept"
+                             " every draft, the others one per verify) or full (every draft accepted)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -192,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if bad:
             raise ValueError(f"{bad[0]}: must be a positive integer")
-        written = make_models(Path(args.out), shape, args.seed)
+        written = make_models(Path(args.out), shape, args.seed, args.acceptance)
     except (ValueError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -496,6 +496,92 @@ def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path):
     assert draft["model_config_archs"] == ["LlamaForCausalLM", "LlamaForCausalLMEagle3"]
 
 
+# Greedy decoding by transformers' own Llama (an implementation independent of SGLang and of make-test-models), and
+# SGLang's EAGLE-3 chain (topk 1) replayed with the drafter's tensors in the order llama_eagle3.py applies them:
+# fc on the captured target states (HF hidden_states[id + 1], what SGLang captures for layer id), then the midlayer
+# (hidden_norm / input_layernorm, attention over the drafted chain, o_proj, post_attention_layernorm, MLP), norm,
+# lm_head over the draft vocabulary, d2t back to target ids; later steps take the pre-norm state. Prints, per prompt,
+# the accept length of every verify: accepted drafts + 1.
+ACCEPTANCE_PROBE = r"""
+import json, sys
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM
+
+root, steps = sys.argv[1], 3
+target = LlamaForCausalLM.from_pretrained(f"{root}/target", dtype=torch.float32).eval()
+cfg = json.load(open(f"{root}/draft/config.json"))
+w = {k: v.float() for k, v in load_file(f"{root}/draft/model.safetensors").items()}
+hot = (w["d2t"] + torch.arange(len(w["d2t"]))).long()
+layer_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+heads, kv_heads, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+norm = lambda x, name: F.rms_norm(x, x.shape[-1:], w[name], 1e-5)
+lin = lambda x, name: x @ w[name].T
+
+def draft_step(token, state, keys, values):
+    embeds = target.model.embed_tokens.weight[token]
+    if state.shape[-1] != embeds.shape[-1]:
+        state = lin(state, "fc.weight")
+    x = torch.cat([norm(embeds, "midlayer.input_layernorm.weight"), norm(state, "midlayer.hidden_norm.weight")])
+    q = lin(x, "midlayer.self_attn.q_proj.weight").view(heads, hd)
+    keys.append(lin(x, "midlayer.self_attn.k_proj.weight").view(kv_heads, hd))
+    values.append(lin(x, "midlayer.self_attn.v_proj.weight").view(kv_heads, hd))
+    k, v = (torch.stack(t).repeat_interleave(heads // kv_heads, 1) for t in (keys, values))
+    attn = torch.einsum("hs,hsd->hd", torch.softmax(torch.einsum("hd,shd->hs", q, k) / hd ** 0.5, -1),
+                        v.transpose(0, 1)).reshape(-1)
+    residual = lin(attn, "midlayer.self_attn.o_proj.weight") + state
+    y = norm(residual, "midlayer.post_attention_layernorm.weight")
+    y = lin(F.silu(lin(y, "midlayer.mlp.gate_proj.weight")) * lin(y, "midlayer.mlp.up_proj.weight"),
+            "midlayer.mlp.down_proj.weight")
+    pre_norm = y + residual
+    return int(hot[int(torch.argmax(lin(norm(pre_norm, "norm.weight"), "lm_head.weight")))]), pre_norm
+
+result = []
+gen = torch.Generator().manual_seed(0)
+for _ in range(12):
+    prompt = torch.randint(10, cfg["vocab_size"], (1, 6), generator=gen)
+    with torch.no_grad():
+        seq = target.generate(prompt, max_new_tokens=24, do_sample=False, min_new_tokens=24,
+                              pad_token_id=0)[0].tolist()
+        states = target(torch.tensor([seq]), output_hidden_states=True).hidden_states
+    aux = torch.cat([states[i + 1][0] for i in layer_ids], -1)
+    lengths, pos = [], len(prompt[0]) - 1  # seq[pos] is the last verified token, seq[pos + 1] the bonus
+    while pos + 1 + steps < len(seq):
+        token, state, keys, values, accepted = seq[pos + 1], aux[pos], [], [], 0
+        for i in range(steps):
+            token, state = draft_step(token, state, keys, values)
+            if token != seq[pos + 2 + i]:
+                break
+            accepted += 1
+        lengths.append(accepted + 1)
+        pos += accepted + 1
+    result.append({"tokens": seq[len(prompt[0]):], "accept_lengths": lengths})
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("acceptance", ["random", "mixed", "full"])
+def test_acceptance_of_the_test_models(sglang_env, tmp_path, acceptance):
+    env = sglang_env("0.5.23")
+    test_models.make_models(tmp_path, test_models.PRESETS["tiny"], seed=1, acceptance=acceptance)
+    requests = env.run_json(ACCEPTANCE_PROBE.replace("sys.argv[1]", repr(str(tmp_path))))
+    per_request = [sorted(set(r["accept_lengths"])) for r in requests]
+    if acceptance == "random":
+        assert all(lengths == [1] for lengths in per_request), per_request
+        return
+    _, _, d2t = read_tensor(tmp_path / "draft" / "model.safetensors", "d2t")
+    draft_vocab = {d + i for i, d in enumerate(d2t)}
+    for r in requests:  # from the first output token on, a request repeats one token or alternates two
+        assert set(r["tokens"]) <= draft_vocab and len(set(r["tokens"])) in (1, 2)
+        assert r["tokens"][2:] == r["tokens"][:-2]
+    # every draft accepted (3 steps + the bonus) where the token repeats, one where it alternates
+    if acceptance == "full":
+        assert per_request == [[4]] * len(requests)
+    else:
+        assert sorted(set(map(tuple, per_request))) == [(2,), (4,)], per_request
+
+
 def test_nccl_values_the_overlay_chose_are_checked_against_what_nccl_read(capsys, tmp_path):
     from sglang_pcie.nccl import PCIE_PROFILE
 
