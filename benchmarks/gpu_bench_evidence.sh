@@ -2,7 +2,8 @@
 # The issue-12 evidence run on a 2-GPU machine (SGLang 0.5.16 from ../shared/gpu-e2e, this checkout's wheel
 # installed by its step2.sh): tiny test models, then `sglang-pcie bench` with baseline / overlay / profile in
 # counterbalanced repeats, optionally the EAGLE step sweep and the explicit `pcie` NCCL profile, in the background.
-#   REPEATS=3 SWEEP=1 WAIT=540 bash benchmarks/gpu_bench_evidence.sh
+#   REPEATS=3 SWEEP=1 WAIT=540 bash benchmarks/gpu_bench_evidence.sh   (BATCH, STREAM: requests per phase; ACCEPTANCE:
+#   make-test-models --acceptance, default mixed)
 # It waits up to WAIT seconds (under the 600 s per-call limit), then prints the report so far and packs the run into
 # $OUT/bench-run.tgz. If the bench is still running, collect it with a follow-up call WITHIN 30 SECONDS (the lent
 # machine is given back after 30 s idle, killing the background run - that lost one run on 2026-11-30):
@@ -23,7 +24,7 @@ if [ "${COLLECT:-0}" != 1 ]; then
                --variant 'nccl-pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie;repeats=1')
   fi
   ARGS=(--out $RUN --repeats "${REPEATS:-3}" "${VARIANTS[@]}" --env NCCL_DEBUG=INFO --env NCCL_DEBUG_SUBSYS=ENV
-    --concurrency 32 --batch-requests "${BATCH:-96}" --stream-requests 4 --input-len 128 --output-len 256
+    --concurrency 32 --batch-requests "${BATCH:-96}" --stream-requests "${STREAM:-4}" --input-len 128 --output-len 256
     --start-timeout 300
     -- --model-path /tmp/bench-models/target --speculative-algorithm EAGLE3
     --speculative-draft-model-path /tmp/bench-models/draft --speculative-num-steps 3 --speculative-eagle-topk 1

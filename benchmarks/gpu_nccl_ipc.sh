@@ -14,6 +14,9 @@
 #   3. tune-nccl again with NCCL_P2P_DISABLE=1 (6 profiles; --ipc off: that switch does not touch the IPC path,
 #      which steps 1 and 2 measure), into its own file.
 # If FlashInfer does not install, import or build, its reason is printed and the NCCL parts still run.
+# PROFILES=a,b,...: only these NCCL profiles in step 1 (the defaults always run); NOP2P=0 skips step 3. Both shorten
+# the run when device time is short (the full 13-profile and no-P2P tables of 2026-11-30 are in
+# benchmarks/results/2026-11-30-h200x2/).
 set -u
 # The checkout runs uninstalled: settings.py imports the start-up hook's module, which only an install puts on sys.path.
 export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
@@ -63,7 +66,8 @@ $PY -m sglang_pcie env | tee -a "$OUT/env.txt"
 step "1. tune-nccl (NCCL profiles at decode + prefill sizes, PCIe-IPC at decode sizes)"
 T=$(( $(left) - 130 )); [ $T -gt 240 ] && T=240
 if [ $T -gt 60 ]; then
-  timeout $T $PY -m sglang_pcie tune-nccl --out "$OUT/tune-p2p.json" --ipc-timeout 120 > "$OUT/tune-p2p.md"
+  timeout $T $PY -m sglang_pcie tune-nccl --out "$OUT/tune-p2p.json" --ipc-timeout 120 \
+    ${PROFILES:+--profiles "$PROFILES"} > "$OUT/tune-p2p.md"
   echo "exit $?"; cat "$OUT/tune-p2p.md"
 else echo "skipped: $(left) s left"; fi
 
@@ -79,7 +83,8 @@ else echo "skipped: $(left) s left, FlashInfer usable: $FI_OK"; fi
 
 step "3. tune-nccl with NCCL_P2P_DISABLE=1 (traffic through host memory, as on PCIe boxes without P2P)"
 T=$(( $(left) - 5 ))
-if [ $T -gt 45 ]; then
+if [ "${NOP2P:-1}" = 0 ]; then echo "skipped: NOP2P=0"
+elif [ $T -gt 45 ]; then
   NCCL_P2P_DISABLE=1 timeout $T $PY -m sglang_pcie tune-nccl --out "$OUT/tune-nop2p.json" --ipc off \
     --profiles pcie,proto-LL,ring-LL,channels-4,buffsize-128k > "$OUT/tune-nop2p.md"
   echo "exit $?"; cat "$OUT/tune-nop2p.md"
