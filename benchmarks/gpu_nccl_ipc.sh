@@ -91,6 +91,6 @@ elif [ $T -gt 45 ]; then
 else echo "skipped: $(left) s left"; fi
 
 mkdir -p "$OUT/flashinfer-autotune"
-cp ~/.cache/flashinfer/*/autotune/pcie_ipc_all_reduce_ws*.json "$OUT/flashinfer-autotune/" 2>/dev/null
+cp ~/.cache/flashinfer/*/*/autotune/pcie_ipc_all_reduce_ws*.json "$OUT/flashinfer-autotune/" 2>/dev/null  # <version>/<arch>/
 SGLANG_PCIE_TUNED_FILE="$OUT/tune-p2p.json" $PY -m sglang_pcie env > "$OUT/env-after.txt" 2>&1
 echo; echo "=== done in $(( $(date +%s) - START )) s"; cat "$OUT/env-after.txt"

@@ -22,8 +22,10 @@ instead of three.
   the first captured state through, its ``lm_head`` rows are the embeddings of its own tokens) guesses "the token
   two back", which is right for the whole chain when f keeps the token and for the first guess when f swaps.
   ``full``: f keeps every token, every draft is accepted (accept length = num_steps + 1 with topk 1). ``mixed``:
-  f keeps half the tokens; a request keeps or alternates from its first output token on, so about half the requests
-  accept every draft and half one per verify (average accept length about (num_steps + 3) / 2).
+  f keeps half the tokens; from its first output token on, a request repeats one token (every draft accepted:
+  num_steps + 1 tokens per verify) or alternates two (2 per verify). SGLang's accept length, tokens per verify over
+  all requests, is then 1 / (p / (num_steps + 1) + (1 - p) / 2) for a share p of repeating requests (2.67 at 3
+  steps for p = 1/2; which requests repeat depends on their last prompt token).
 
 No tokenizer is written: start the server with ``--skip-tokenizer-init`` and send token ids (as
 ``sglang-pcie bench`` does). Weights are random bf16 of magnitude 2^-7..2^-5 with random signs, norms are 1,
