@@ -862,6 +862,10 @@ def compute_ratios(records: list[dict], variants: list[Variant]) -> dict:
                     ratios.append(value / base)
             row = ratio_summary(ratios, higher) if variant.name != BASELINE else {"n": len(values)}
             row["value_median"] = statistics.median(values) if values else None
+            if variant.name == BASELINE and len(values) > 1 and row["value_median"]:
+                # the noise floor: how far identical servers land from their median (an effect inside it needs
+                # more repeats before it means anything)
+                row["spread"] = [min(values) / row["value_median"], max(values) / row["value_median"]]
             rows[label] = row
         table[variant.name] = rows
     return table
@@ -953,7 +957,11 @@ def format_table(results: dict) -> str:
     for name, rows in results["ratios"].items():
         for label, row in rows.items():
             value = row.get("value_median")
-            if name == BASELINE:
+            if name == BASELINE and row.get("spread"):
+                low, high = row["spread"]
+                lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10}{'1':>9} {f'[{low:.3f}-{high:.3f}]':<15}"
+                             f"{row['n']:>3}  its own servers' spread (noise floor)")
+            elif name == BASELINE:
                 lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10}{'1':>9} {'':<15}{row['n']:>3}")
             else:
                 lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10} {_ratio_cell(row):<24}"

@@ -174,3 +174,19 @@ def test_env_without_gpus_says_no_gpu_visible(monkeypatch, capsys, tmp_path):
     cli.main(["env", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert data["allreduce"]["server_uses"] == "no all-reduce" and "ipc" not in data  # nothing to decide
+
+
+def test_the_decision_on_the_2x_h200_measurement(installs):
+    # tune-nccl's own result file from the 2 x H200 run (docs/evidence.md): the IPC path won at 1-8 tokens x 7168.
+    # There, over NVLink, SGLang's custom all-reduce takes those reductions first, so auto leaves IPC off; the same
+    # measurement on a 4-GPU PCIe box would switch it on, sized for decode (8 x 7168), never for prefill.
+    from pathlib import Path
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks/results/2026-11-30-h200x2/session2/"
+                           "tune-nccl-ipc.json").read_text())
+    assert measured["ipc"]["tune_saved"] > 0 and all(measured["ipc"]["wins"].values())
+    there = decide_ipc("auto", measured, NVLINK2, {}, installs["0.5.23"], FI_NEW)
+    assert not there.on and there.values == {} and "custom all-reduce takes these reductions first" in there.reason
+    pcie = decide_ipc("auto", measured, PCIE4, {}, installs["0.5.23"], FI_NEW)
+    assert pcie.values == {ENABLE_VAR: "1", MAX_NUMEL_VAR: "57344"}
+    assert "up to 8 tokens x 7168" in pcie.reason
+    assert decide_ipc("auto", measured, PCIE4, {}, installs["0.5.16"], FI_NEW).values == {}

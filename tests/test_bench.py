@@ -177,6 +177,9 @@ def test_ratios_pair_runs_of_one_repeat_and_skip_failed_runs():
     assert row["ratios"] == [0.86, 0.9] and row["n"] == 2
     assert row["median"] == pytest.approx(0.88) and row["verdict"] == "lower (worse)"
     assert table["baseline"]["batch output tok/s"]["value_median"] == 100.0
+    # identical servers' own spread around their median: the noise floor the ratios must be read against
+    assert table["baseline"]["batch output tok/s"]["spread"] == [0.5, 1.0]
+    assert "spread" not in table["baseline"]["c=1 TTFT p50 ms"]
     assert table["profile"]["c=1 TTFT p50 ms"]["verdict"] == "no pairs"
 
 
