@@ -1054,12 +1054,17 @@ def write_chart(results: dict, path: Path) -> str:
             lo.append(row["median"] - row["min"])
             hi.append(row["max"] - row["median"])
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=name)
+    noise = [(j, (results["ratios"].get(BASELINE, {}).get(label) or {}).get("spread")) for j, label in
+             enumerate(labels)]
+    for j, (low, high) in ((j, spread) for j, spread in noise if spread):
+        ax.fill_between([j - 0.45, j + 0.45], low, high, color="grey", alpha=0.2, linewidth=0,
+                        label="baseline servers' spread" if j == min(k for k, s in noise if s) else None)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("ratio to baseline (median, min-max)")
     ax.set_title(f"sglang-pcie bench: {results['repeats']} counterbalanced repeat(s)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
