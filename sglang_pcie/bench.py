@@ -957,12 +957,11 @@ def format_table(results: dict) -> str:
     for name, rows in results["ratios"].items():
         for label, row in rows.items():
             value = row.get("value_median")
-            if name == BASELINE and row.get("spread"):
-                low, high = row["spread"]
-                lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10}{'1':>9} {f'[{low:.3f}-{high:.3f}]':<15}"
-                             f"{row['n']:>3}  its own servers' spread (noise floor)")
-            elif name == BASELINE:
-                lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10}{'1':>9} {'':<15}{row['n']:>3}")
+            if name == BASELINE:
+                spread = row.get("spread")
+                cell, note = (f"[{spread[0]:.3f}-{spread[1]:.3f}]", "  its own servers' spread (noise floor)") \
+                    if spread else ("", "")
+                lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10}{'1':>9} {cell:<15}{row['n']:>3}{note}")
             else:
                 lines.append(f"{name:<14}{label:<24}{_fmt(value, 2):>10} {_ratio_cell(row):<24}"
                              f"{row['n']:>3}  {row['verdict']}")
@@ -1054,11 +1053,11 @@ def write_chart(results: dict, path: Path) -> str:
             lo.append(row["median"] - row["min"])
             hi.append(row["max"] - row["median"])
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=name)
-    noise = [(j, (results["ratios"].get(BASELINE, {}).get(label) or {}).get("spread")) for j, label in
-             enumerate(labels)]
-    for j, (low, high) in ((j, spread) for j, spread in noise if spread):
+    baseline = results["ratios"].get(BASELINE, {})
+    bands = [(j, spread) for j, label in enumerate(labels) if (spread := (baseline.get(label) or {}).get("spread"))]
+    for n, (j, (low, high)) in enumerate(bands):
         ax.fill_between([j - 0.45, j + 0.45], low, high, color="grey", alpha=0.2, linewidth=0,
-                        label="baseline servers' spread" if j == min(k for k, s in noise if s) else None)
+                        label="baseline servers' spread" if n == 0 else None)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)

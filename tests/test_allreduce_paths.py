@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -180,7 +181,6 @@ def test_the_decision_on_the_2x_h200_measurement(installs):
     # tune-nccl's own result file from the 2 x H200 run (docs/evidence.md): the IPC path won at 1-8 tokens x 7168.
     # There, over NVLink, SGLang's custom all-reduce takes those reductions first, so auto leaves IPC off; the same
     # measurement on a 4-GPU PCIe box would switch it on, sized for decode (8 x 7168), never for prefill.
-    from pathlib import Path
     measured = json.loads((Path(__file__).parents[1] / "benchmarks/results/2026-11-30-h200x2/session2/"
                            "tune-nccl-ipc.json").read_text())
     assert measured["ipc"]["tune_saved"] > 0 and all(measured["ipc"]["wins"].values())
