@@ -18,19 +18,10 @@
 # the run when device time is short (the full 13-profile and no-P2P tables of 2026-11-30 are in
 # benchmarks/results/2026-11-30-h200x2/).
 set -u
-# The checkout runs uninstalled: settings.py imports the start-up hook's module, which only an install puts on sys.path.
-export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/gpu-nccl-ipc}
 BUDGET=${BUDGET:-400}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
-START=$(date +%s)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# TP=N: use the first N GPUs (e.g. TP=2 on a 4-GPU machine, to compare with TP4 there)
-if [ -n "${TP:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
-PY=${PYTHON:-python3}
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-step() { echo; echo "=== $1 (at $(( $(date +%s) - START )) s, $(left) s left)"; }
+LOG=run.log
+source benchmarks/gpu_common.sh
 
 step "0. machine"
 {

@@ -19,19 +19,12 @@
 # Every step prints each rank's stderr tail: the workers' timed progress lines ("phase: ..."), and on a failure its
 # traceback, or on a hang every thread's Python stack (dumped just before the ranks are killed).
 set -u
-export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/ipc-smoke}
 BUDGET=${BUDGET:-240}
 HIDDEN=${HIDDEN:-7168}
 TOKENS=${TOKENS:-1,8}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/smoke.log") 2>&1
-START=$(date +%s)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ -n "${TP:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
-PY=${PYTHON:-python3}
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-step() { echo; echo "=== $1 (at $(( $(date +%s) - START )) s, $(left) s left)"; }
+LOG=smoke.log
+source benchmarks/gpu_common.sh
 
 step "0. FlashInfer 0.7.2 from .gpu-fi"
 if ! ls .gpu-fi/*.whl >/dev/null 2>&1; then echo "no .gpu-fi/*.whl here (carry .gpu-fi): nothing to test"; exit 1; fi

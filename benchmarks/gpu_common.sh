@@ -1,0 +1,14 @@
+# Sourced by the GPU-machine scripts (gpu_nccl_ipc.sh, ipc_smoke.sh), from the checkout root, once they have set
+# OUT (results folder), BUDGET (seconds for the whole run) and LOG (file name under OUT). It logs everything to
+# $OUT/$LOG, keeps NVLink multicast off, honours TP=N (the first N GPUs) and gives the scripts left() and step().
+# The checkout runs uninstalled: settings.py imports the start-up hook's module, which only an install puts on sys.path.
+export PYTHONPATH=$PWD/sitecustomize${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/$LOG") 2>&1
+START=$(date +%s)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# TP=N: use the first N GPUs (e.g. TP=2 on a 4-GPU machine, to compare with TP4 there)
+if [ -n "${TP:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
+PY=${PYTHON:-python3}
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() { echo; echo "=== $1 (at $(( $(date +%s) - START )) s, $(left) s left)"; }
