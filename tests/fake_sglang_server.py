@@ -10,6 +10,7 @@ Behaviour knobs (environment, so bench variants can set them; launch argument ``
   FAKE_FAIL_START=1       print a message and exit 3 before answering anything
   FAKE_START_DELAY=S      answer /health 503 for S seconds (default 0.3)
   FAKE_CYCLE_MS=MS        time per decode cycle (default 0.5); FAKE_ACCEPT=K tokens per cycle (default 2)
+  FAKE_BATCH=N            non-streaming requests decode in batches of N (see Batcher)
   FAKE_DIFFER_EVERY=N     change token 3 of every request whose prompt sum is divisible by N
   FAKE_STUBBORN_CHILD=1   start a child that ignores SIGTERM (bench must SIGKILL it); its pid is logged
   FAKE_ESCAPED_CHILD=1    start a child that leaves the process group (setsid); its pid is logged
@@ -77,14 +78,49 @@ def write_profile(tokens, cycles):
         f.write(json.dumps(record) + "\n")
 
 
+class Batcher:
+    """Non-streaming requests decoded as SGLang's scheduler would: together, as one batch.
+
+    With FAKE_BATCH=N a request waits until N requests have gathered, then the N decode together and each logs the
+    scheduler line with ``#running-req: N``. What the log says then depends on what the client sent, never on how
+    closely its threads happened to overlap on a loaded machine. (A batch that never fills, a client that sends
+    fewer than N at once, is let go after FAKE_BATCH_WAIT_S, default 60 s, and logs its real size.) Without
+    FAKE_BATCH each request runs alone and logs 1.
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.forming = 0  # requests gathered for the next batch
+        self.batch_no = 0  # batches released so far
+        self.sizes = {}  # batch number -> its size
+
+    def join(self) -> int:
+        """Wait for this request's batch to be released; its size."""
+        size = int(os.environ.get("FAKE_BATCH") or 1)
+        with self.cond:
+            self.forming += 1
+            mine = self.batch_no
+            if self.forming >= size:
+                return self._release()
+            released = self.cond.wait_for(lambda: self.batch_no != mine, env_float("FAKE_BATCH_WAIT_S", 60))
+            if not released:
+                return self._release()
+            return self.sizes[mine]
+
+    def _release(self) -> int:
+        size, self.forming = self.forming, 0
+        self.sizes[self.batch_no] = size
+        self.batch_no += 1
+        self.cond.notify_all()
+        return size
+
+
+BATCHER = Batcher()
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     shift = 0
-    running = 0
-    # The most requests running at once since the server was last idle. SGLang's log line reports the batch it
-    # is decoding; here each request logs the peak of its busy period, so that a loaded test machine that starts
-    # the client threads late still logs the full batch once it has been reached.
-    peak = 0
 
     def log_message(self, *args):  # quiet: the log is bench's evidence, keep it short
         pass
@@ -143,18 +179,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
         else:
-            with LOCK:
-                Handler.running += 1
-                Handler.peak = max(Handler.peak, Handler.running)
+            running = BATCHER.join()
             time.sleep(cycle_s * cycles)
             with LOCK:
                 # SGLang's scheduler log line (metrics_reporter), one per request here instead of every 40 steps
-                print(f"[fake] Decode batch, #running-req: {Handler.peak}, token usage: 0.01, accept len:"
+                print(f"[fake] Decode batch, #running-req: {running}, token usage: 0.01, accept len:"
                       f" {count / max(cycles, 1):.2f}, cuda graph: True, gen throughput (token/s):"
-                      f" {Handler.peak * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
-                Handler.running -= 1
-                if Handler.running == 0:
-                    Handler.peak = 0
+                      f" {running * accept / cycle_s:.2f}, #queue-req: 0", flush=True)
             self._json(200, {"text": "", "output_ids": tokens, "meta_info": meta(count, cycles)})
         write_profile(count - 1, cycles)  # the profile counts the tokens of decode cycles
 
