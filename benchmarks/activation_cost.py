@@ -3,7 +3,7 @@
 (``import sglang.srt.models.registry``, which imports every model module), with the overlay active and without.
 
 Runs in the real SGLang installs the tests use (``ci/sglang-env VERSION``: 0.5.9 and 0.5.23 by default, with this
-checkout's wheel installed and, on a machine without a GPU, the stub libcuda of tests/cuda_stub.py). "Without" is
+checkout's wheel installed and, on a machine without a GPU, the stub libcuda of tests/support/cuda_stub.py). "Without" is
 the same interpreter with ``SGLANG_PCIE_DISABLE=1``: the ``.pth`` hook then returns at once (what the hook itself
 costs every interpreter is ``benchmarks/startup_overhead.py``'s figure). Each run is a fresh process; the two modes
 alternate (ABAB...) so drift in machine load hits both alike. Inside the overlay process the time spent in the
@@ -53,9 +53,9 @@ import sglang
 t1 = time.perf_counter()
 import sglang.srt.models.registry
 t2, c2 = time.perf_counter(), time.process_time()
-active = "sglang_pcie.activate" in sys.modules
-switched_off = dict(sys.modules["sglang_pcie.activate"].SWITCHED_OFF) if active else {}
-hooked = sorted(sys.modules["sglang_pcie.activate"].RESULTS) if active else []
+active = "sglang_pcie.runtime.activate" in sys.modules
+switched_off = dict(sys.modules["sglang_pcie.runtime.activate"].SWITCHED_OFF) if active else {}
+hooked = sorted(sys.modules["sglang_pcie.runtime.activate"].RESULTS) if active else []
 print(json.dumps({"import_sglang_s": t1 - t0, "registry_s": t2 - t1, "cpu_s": c2 - c0, "hooks_s": hooks["s"],
                   "hook_calls": hooks["calls"], "overlay_active": active, "switched_off": switched_off,
                   "patched": hooked, "sglang": sglang.__version__}))
@@ -104,11 +104,11 @@ def child_env(python: Path, mode: str) -> dict:
 
 
 def stub_dir(python: Path) -> Path:
-    """tests/cuda_stub.py's stub libcuda for this venv; retried, as a pip run in the shared venv (a parallel test
+    """tests/support/cuda_stub.py's stub libcuda for this venv; retried, as a pip run in the shared venv (a parallel test
     session installing its wheel) can remove a folder while the stub builder walks site-packages."""
     import time
 
-    import cuda_stub
+    from support import cuda_stub
 
     for attempt in range(5):
         try:

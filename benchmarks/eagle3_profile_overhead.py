@@ -11,7 +11,7 @@ server of issue 12 (GPU busy ~60% of the cycle).
 
 Modes, interleaved, best of ``--repeats`` each:
   off                          no timers: the worker's own methods
-  eagle3-profile               as shipped: sglang_pcie.eagle_profiler.wrap, every cycle counted, about 1 in
+  eagle3-profile               as shipped: sglang_pcie.runtime.eagle_profiler.wrap, every cycle counted, about 1 in
                                sample_every timed with CUDA events (sample_every adapts to the host budget), accept
                                length from the scheduler's host copy
   eagle3-profile-every-cycle   every cycle timed (sample_every=1) and no scheduler host copy: the profiler's fallback
@@ -61,8 +61,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
 
-from sglang_pcie import eagle_profiler as ep  # noqa: E402
-from sglang_pcie import profile_report  # noqa: E402
+from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
+from sglang_pcie.tools import profile_report  # noqa: E402
 
 TARGET_MS = {"draft": 0.89, "verify": 18.67, "draft_extend": 0.28}
 KERNELS = {"draft": 5, "verify": 61, "draft_extend": 2}  # a graph is several kernels, as a model's layers

@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sglang_pcie import nccl, tune_nccl  # noqa: E402
+from sglang_pcie.runtime import gpus
+from sglang_pcie.tools import tune_nccl  # noqa: E402
 
 
 PATHS = ("nccl", tune_nccl.IPC_NAME)
@@ -68,7 +69,7 @@ def parse_args(argv):
 
 def main(argv=None, worker_command=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    topology = nccl.probe_topology()
+    topology = gpus.probe_topology()
     world = args.tp or topology.gpu_count
     runs = [(hidden, path) for hidden in args.hidden for path in args.paths]
     print(f"# IPC vs NCCL: {world} ranks on {topology.gpu_count} x {', '.join(sorted(set(topology.gpu_names))) or '?'}"
@@ -86,7 +87,7 @@ def main(argv=None, worker_command=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # A scratch tune cache for the workers: the benchmark's workspace sizes must not land in the cache a server reads.
     scratch = {"FLASHINFER_AUTOTUNE_DIR": str(out / "flashinfer-autotune")}
-    command = worker_command or [sys.executable, "-m", "sglang_pcie.tune_nccl"]
+    command = worker_command or [sys.executable, "-m", "sglang_pcie.tools.tune_nccl"]
     results = {"world": world, "gpus": topology.gpu_names, "nvlink": topology.nvlink, "p2p": topology.p2p,
                "tokens": args.tokens, "layers": args.layers, "runs": []}
     top = max(args.tokens)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from overlay_venv import make_venv  # noqa: E402
+from support.overlay_venv import make_venv  # noqa: E402
 
 
 def build_wheel(out: Path) -> Path:

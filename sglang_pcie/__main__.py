@@ -1,5 +1,5 @@
 import sys
 
-from sglang_pcie.cli import main
+from sglang_pcie.tools.cli import main
 
 sys.exit(main())

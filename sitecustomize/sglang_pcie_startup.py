@@ -2,7 +2,7 @@
 
 It must stay tiny: it imports nothing (``sys`` and ``os`` are already loaded by ``site``) and only
 installs a meta-path finder that waits for ``import sglang``.  Everything else (settings, NCCL profile,
-patches) is loaded by ``sglang_pcie.activate`` when SGLang itself is imported.
+patches) is loaded by ``sglang_pcie.runtime.activate`` when SGLang itself is imported.
 
 The finder is also the overlay's post-import hook mechanism: ``watch(name, callback)`` runs
 ``callback(module)`` right after ``name`` has been executed (or at once if it already was).
@@ -17,7 +17,7 @@ _FALSE = ("", "0", "false", "no", "off")
 def parse_flag(raw):
     """True or False for a boolean setting's value, None when it is neither.
 
-    The one parser of every boolean setting: ``sglang_pcie.settings`` imports it, so the kill switch reads
+    The one parser of every boolean setting: ``sglang_pcie.runtime.settings`` imports it, so the kill switch reads
     the same here, before anything is loaded, as it does when SGLang is imported.
     """
     value = raw.strip().lower()
@@ -100,7 +100,7 @@ class ImportWatcher:
 
 
 def _on_sglang_imported(module):
-    from sglang_pcie.activate import activate
+    from sglang_pcie.runtime.activate import activate
 
     activate()
 

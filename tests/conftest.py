@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from support import REPO, cuda_stub  # (pytest puts tests/ on sys.path: pyproject's pythonpath)
+
 # The checkout's own package, whatever the runner has installed (CI clones to another path).
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-
-import cuda_stub  # noqa: E402  (pytest puts this conftest's folder, tests/, on sys.path)
 
 # Inherited variables that would change what the overlay or NCCL does in a child: tests set them explicitly.
 # PYTHONPATH goes too, so that the child imports the installed sglang-pcie, not a checkout on the path.
@@ -97,6 +96,20 @@ def install_wheel(python: Path, wheel: Path) -> None:
         pytest.fail(f"installing {wheel.name} into {python} failed\n{output_tails(proc)}", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def hermetic_environment(monkeypatch, tmp_path_factory):
+    """No overlay, EAGLE3, NCCL or fake-server variable of the developer's shell reaches a test, nor their tuned
+    NCCL file (XDG_CONFIG_HOME is an empty folder), nor settings or a profiler left by an earlier test."""
+    from sglang_pcie.runtime import eagle_profiler, settings
+
+    for name in list(os.environ):
+        if name.startswith(HERMETIC_PREFIXES + ("FAKE_",)):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+    monkeypatch.setattr(settings, "_PROCESS_SETTINGS", None)
+    monkeypatch.setattr(eagle_profiler, "_PROFILER", None)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
@@ -105,7 +118,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def pristine_source():
     """``pristine_source(version)`` -> folder holding that release's pristine ``sglang`` package (.py files)."""
-    from sglang_pcie.releases import fetch_source
+    from sglang_pcie.patching.releases import fetch_source
 
     return fetch_source
 

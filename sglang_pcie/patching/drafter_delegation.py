@@ -1,0 +1,660 @@
+"""drafter-delegation: EAGLE-3 drafters work with wrapper target models (Kimi-K2.5 on 0.5.9, other wrappers).
+
+EAGLE asks the *target* model to capture auxiliary hidden states (``set_eagle3_layers_to_capture``, from the model
+runner) and to share its embedding and LM head (``get_embed_and_head``, from the EAGLE workers).  A wrapper such
+as ``KimiK25ForConditionalGeneration`` holds the causal LM as ``language_model``; in SGLang 0.5.9 it forwards none
+of it, so an EAGLE-3 drafter cannot run on Kimi-K2.5.  Upstream added the forwarding to that wrapper in 0.5.10;
+other wrappers still lack it (0.5.23 refuses them explicitly: "does not implement set_eagle3_layers_to_capture").
+
+The patch acts only where it is needed: ``ModelRunner.load_model`` is wrapped so that, once the *target* model of
+an EAGLE run is loaded (not the draft model; no speculative decoding: nothing happens), a class that lacks those
+methods but holds exactly one language model that has them, and whose ``forward`` runs that model whole (so the
+captured hidden states reach the logits), gains methods forwarding to it.  The first call of one logs one line
+naming the class and the inner model.  Anything else (no such language model, the forward runs only its backbone)
+is left to SGLang's own error.
+
+The wrapper is ``HELPER_SOURCE``, compiled at runtime and inserted as source by the versioned diffs: one text.
+The static check reads the model runner for every name that text relies on, the EAGLE workers for the methods
+they call on the target, and ``srt/models`` for the classes that would gain methods if served.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import logging
+import re
+import textwrap
+from dataclasses import dataclass
+from types import FunctionType, ModuleType
+from typing import Callable, Iterable, Mapping
+
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching.source import SourceTree
+
+PATCH_ID = "drafter-delegation"
+MODELS = "sglang.srt.models"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+RUNNER_CLASS = "ModelRunner"
+KIMI_MODULE = f"{MODELS}.kimi_k25"
+KIMI_CLASS = "KimiK25ForConditionalGeneration"
+
+# What EAGLE asks of a target model (read off the workers, model runners and graph runners of 0.5.8-0.5.23):
+DELEGATED_METHODS = (
+    "set_eagle3_layers_to_capture",  # model runner and CUDA-graph runner, for the target only
+    "get_embed_and_head",  # every EAGLE worker (through pp_draft_embedding from 0.5.21)
+    "set_embed_and_head",  # the setter of the pair; upstream's Kimi-K2.5 wrapper forwards it too
+    "get_embed_and_head_for_draft",  # pp_draft_embedding probes it first (0.5.22 and later)
+)
+# A language model offering both is EAGLE-3-capable; a backbone (``FooModel``) has no LM head to share.
+CAPABLE = ("set_eagle3_layers_to_capture", "get_embed_and_head")
+# nn.Module's own methods: every wrapper has them, so the workers may call them freely.
+MODULE_API = frozenset({
+    "apply", "buffers", "children", "cpu", "cuda", "eval", "forward", "load_state_dict", "modules", "named_buffers",
+    "named_children", "named_modules", "named_parameters", "parameters", "state_dict", "to", "train",
+})
+MARKER = f"{DIFF_MARKER} {PATCH_ID}"
+
+HELPER_NAME = "_sglang_pcie_delegate_eagle_methods"
+# The wrapper of ModelRunner.load_model: compiled at runtime, inserted after the class by the versioned diffs.
+# It relies on: the module's ``logger``; ModelRunner's ``model``, ``is_draft_worker``, ``spec_algorithm``
+# (``is_eagle()``); nn.Module's ``named_children``.  check_source checks each of them.
+HELPER_SOURCE = f'''\
+# {MARKER}: an EAGLE target class lacking EAGLE's methods forwards them to its language model
+def {HELPER_NAME}(load_model):
+    import ast, functools, inspect, textwrap
+    capable = ("set_eagle3_layers_to_capture", "get_embed_and_head")  # what a language model has, and EAGLE asks
+    methods = capable + ("set_embed_and_head", "get_embed_and_head_for_draft")
+
+    def forwarding(cls, name, method, added, logged):
+        def forwarded(self, *args, **kwargs):
+            if not logged:
+                logged.append(method)
+                logger.warning("sglang-pcie {PATCH_ID}: %s lacks %s; forwarding to its %s (%s)",
+                               cls.__name__, ", ".join(added), name, type(getattr(self, name)).__name__)
+            return getattr(getattr(self, name), method)(*args, **kwargs)
+        forwarded.__qualname__, forwarded.__sglang_pcie_patch__ = f"{{cls.__qualname__}}.{{method}}", "{PATCH_ID}"
+        return forwarded
+
+    @functools.wraps(load_model)
+    def load_model_then_delegate(self, *args, **kwargs):
+        result = load_model(self, *args, **kwargs)
+        cls = type(self.model)
+        if self.is_draft_worker or not self.spec_algorithm.is_eagle() or all(hasattr(cls, m) for m in capable):
+            return result
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+        except (OSError, TypeError, SyntaxError):  # no source to read: SGLang's own error stands
+            return result
+        handed = {{ast.unparse(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                  for node in (call.func, *call.args, *(k.value for k in call.keywords))}}
+        held = [(name, child) for name, child in self.model.named_children()
+                if all(hasattr(child, m) for m in capable) and {{f"self.{{name}}", f"self.{{name}}.forward"}} & handed]
+        for name, inner in held if len(held) == 1 else ():  # one language model: its hidden states reach the logits
+            added, logged = [m for m in methods if not hasattr(cls, m) and hasattr(inner, m)], []
+            for method in added:
+                setattr(cls, method, forwarding(cls, name, method, added, logged))
+        return result
+    return load_model_then_delegate
+'''
+INSTALL_LINE = f"{RUNNER_CLASS}.load_model = {HELPER_NAME}({RUNNER_CLASS}.load_model)\n"
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A model class holding an EAGLE-3-capable language model in ``attr`` and handing it to its forward."""
+
+    module: str  # dotted module name
+    name: str  # class name
+    attr: str
+    inner: tuple[str, ...]  # the capable classes ``attr`` is built from
+    missing: tuple[str, ...]  # DELEGATED_METHODS the class lacks and an inner class offers: what it would gain
+
+    @property
+    def label(self) -> str:
+        return f"{self.module.rsplit('.', 1)[-1]}.{self.name}"
+
+
+# -- the wrapper rule, on ASTs (static; the runtime applies the same rule to the live instance)
+
+def _self_attr(node: ast.AST) -> str | None:
+    """``x`` for the expression ``self.x``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _statements(node: ast.AST):
+    """Every statement under ``node``, through compound statements (cheaper than ast.walk: no expressions)."""
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, field, ()):
+            yield child
+            yield from _statements(child)
+
+
+def inner_model_assignments(function: ast.AST) -> list[tuple[str, str]]:
+    """(attribute, called name) for each ``self.<attribute> = <Name or module.Name>(...)`` in ``function``."""
+    found = []
+    for node in _statements(function):
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if isinstance(value, ast.Call) and (callee := _dotted(value.func)) and not callee.startswith("self."):
+            found.extend((attr, callee) for target in targets if (attr := _self_attr(target)))
+    return found
+
+
+def hands_over(forward: ast.AST, attr: str) -> bool:
+    """Whether ``forward`` calls ``self.<attr>`` (or its ``forward``) or passes it whole as an argument: the rule
+    the runtime applies to the live class's forward too."""
+    for node in ast.walk(forward):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if _self_attr(func) == attr:
+            return True
+        if isinstance(func, ast.Attribute) and func.attr == "forward" and _self_attr(func.value) == attr:
+            return True
+        if any(_self_attr(arg) == attr for arg in [*node.args, *(k.value for k in node.keywords)]):
+            return True
+    return False
+
+
+def classify(module: str, name: str, assignments: Iterable[tuple[str, str]], forward: ast.AST | None,
+             is_capable: Callable[[str], bool], inner_offers: Callable[[str, str], bool],
+             lacks: Callable[[str], bool]) -> Wrapper | None:
+    """The Wrapper a class is, or None.  Names are resolved by the caller."""
+    by_attr: dict[str, list[str]] = {}
+    for attr, callee in assignments:
+        if is_capable(callee) and callee not in by_attr.get(attr, []):
+            by_attr.setdefault(attr, []).append(callee)
+    if forward is None:
+        return None
+    handed = [attr for attr in by_attr if hands_over(forward, attr)]
+    if len(handed) != 1:  # none, or two language models: nothing sure to delegate to
+        return None
+    attr = handed[0]
+    inner = tuple(by_attr[attr])
+    missing = tuple(m for m in DELEGATED_METHODS if lacks(m) and any(inner_offers(c, m) for c in inner))
+    return Wrapper(module, name, attr, inner, missing)
+
+
+def summarize(wrappers: list[Wrapper]) -> str:
+    return ", ".join(f"{w.label} (.{w.attr})" for w in wrappers)
+
+
+# -- static: the model classes
+#
+# Parsing every file of srt/models with ast takes most of a second, so the text is outlined with regular
+# expressions (classes, bases, members, imports: a filter) and only the classes that look like wrappers are
+# parsed with ast.  Modules are named by their dotted name; bases and imported names are followed into any module
+# of the tree (a mixin in sglang/srt/layers counts), never outside it.
+
+# Patterns start with a literal (not ^) so that re can skip ahead quickly; the module text is prefixed with "\n".
+_CLASS_HEADER = re.compile(r"\nclass\s+(\w+)\s*(?:\(([^)]*)\))?\s*:")
+_TOP_LEVEL_LINE = re.compile(r"\n[^\s#)\]}]")  # a line starting a top-level statement
+_MEMBER = re.compile(r"\n    (?:(?:async\s+)?def\s+(\w+)\s*\(|(\w+)\s*(?::[^=\n]*)?=[^=])")
+_FROM_IMPORT = re.compile(r"\nfrom\s+(sglang[\w.]*|\.+[\w.]*)\s+import\s+(?:\([^)]*\)|[^\n]*)")
+_MODULE_IMPORT = re.compile(r"\nimport\s+(sglang(?:\.\w+)+)\s+as\s+(\w+)")
+_SELF_CALL_ASSIGN = re.compile(r"self\.\w+\s*(?::[^=\n]*)?=\s*([\w.]+)\s*\(")
+
+
+@dataclass
+class _ClassOutline:
+    bases: list[str]  # each base as written (dotted), subscripts dropped
+    members: set[str]  # methods and class attributes defined in the body
+    start: int  # character offsets of the class statement in the module text
+    end: int
+
+
+def _outline(text: str) -> dict[str, _ClassOutline]:
+    classes = {}
+    for header in _CLASS_HEADER.finditer(text):
+        following = _TOP_LEVEL_LINE.search(text, header.end())
+        end = following.start() + 1 if following else len(text)
+        bases = [b.split("[")[0].strip() for b in (header.group(2) or "").split(",") if b.strip() and "=" not in b]
+        members = {m.group(1) or m.group(2) for m in _MEMBER.finditer(text, header.end(), end)}
+        classes[header.group(1)] = _ClassOutline(bases, members, header.start() + 1, end)
+    return classes
+
+
+class SourceModels:
+    """The model classes of ``sglang/srt/models`` in a source tree, and the modules their names lead to."""
+
+    def __init__(self, tree: SourceTree):
+        self.tree = tree
+        folder = tree.root / "sglang" / "srt" / "models"
+        self.models = [f"{MODELS}.{p.stem}" for p in sorted(folder.glob("*.py"))]
+        self._texts: dict[str, str | None] = {}
+        self._outlines: dict[str, dict[str, _ClassOutline]] = {}
+        self._imports: dict[str, dict[str, tuple[str, str]]] = {}
+        self._offers: dict[tuple[str, str, str], bool] = {}
+        self._asts: dict[tuple[str, str], tuple[ast.ClassDef, int]] = {}
+
+    def text(self, module: str) -> str | None:
+        """The module's source with "\\n" put first (so that the first line matches the patterns), or None."""
+        if module not in self._texts:
+            source = self.tree.source(module)
+            self._texts[module] = None if source is None else "\n" + source.lstrip("\ufeff")
+        return self._texts[module]
+
+    def outline(self, module: str) -> dict[str, _ClassOutline]:
+        if module not in self._outlines:
+            text = self.text(module)
+            self._outlines[module] = _outline(text) if text is not None else {}
+        return self._outlines[module]
+
+    def capable_names(self) -> set[str]:
+        """Names of the model classes that may be EAGLE-3-capable (a filter: names only, bases matched by name)."""
+        texts = {module: self.text(module) for module in self.models}
+        names = {name for module, text in texts.items() if f"def {CAPABLE[0]}" in text
+                 for name, outline in self.outline(module).items() if CAPABLE[0] in outline.members}
+        bases = {name: outline.bases for module in texts for name, outline in self.outline(module).items()}
+        while True:
+            more = {name for name, listed in bases.items() if name not in names
+                    and any(b.rsplit(".", 1)[-1] in names for b in listed)}
+            if not more:
+                return names
+            names |= more
+
+    def imports(self, module: str) -> dict[str, tuple[str, str]]:
+        """Local name -> (module, name there) for the module's top-level ``from X import`` and
+        ``import sglang.X as Y`` (then (``sglang.X``, "")) statements, relative ones resolved."""
+        if module not in self._imports:
+            text, names = self.text(module) or "", {}
+            package = module if self.tree.path(module).name == "__init__.py" else module.rpartition(".")[0]
+            for statement in _FROM_IMPORT.finditer(text):
+                try:
+                    node = ast.parse(statement.group(0).strip()).body[0]
+                except SyntaxError:  # a continuation line the filter did not take in
+                    continue
+                base = package
+                for _ in range(max(node.level - 1, 0)):
+                    base = base.rpartition(".")[0]
+                source = ".".join(filter(None, [base, node.module])) if node.level else node.module
+                if source and source.startswith("sglang"):
+                    names.update({a.asname or a.name: (source, a.name) for a in node.names if a.name != "*"})
+            for statement in _MODULE_IMPORT.finditer(text):
+                names[statement.group(2)] = (statement.group(1), "")
+            self._imports[module] = names
+        return self._imports[module]
+
+    def resolve(self, module: str, name: str, depth: int = 0) -> tuple[str, str] | None:
+        """The (module, class) a (possibly dotted) class name used in ``module`` refers to, within the tree."""
+        if depth > 8 or self.text(module) is None:
+            return None
+        head, _, rest = name.partition(".")
+        if not rest and name in self.outline(module):
+            return module, name
+        imported = self.imports(module).get(head)
+        if imported is None:
+            return None
+        source, there = imported
+        if not there:  # ``import sglang.x as m``: ``m.Class``
+            return self.resolve(source, rest, depth + 1) if rest else None
+        if rest:  # ``from sglang.x import module``: ``module.Class``
+            return self.resolve(f"{source}.{there}", rest, depth + 1)
+        return self.resolve(source, there, depth + 1)
+
+    def offers(self, module: str, name: str, member: str) -> bool:
+        """Whether the class or one of its bases in the tree defines ``member`` (inherited counts)."""
+        key = (module, name, member)
+        if key not in self._offers:
+            self._offers[key] = False  # a cycle of bases ends here
+            outline = self.outline(module).get(name)
+            self._offers[key] = outline is not None and (member in outline.members or any(
+                (base := self.resolve(module, b)) and self.offers(*base, member) for b in outline.bases))
+        return self._offers[key]
+
+    def is_capable(self, module: str, name: str) -> bool:
+        resolved = self.resolve(module, name)
+        return bool(resolved) and all(self.offers(*resolved, m) for m in CAPABLE)
+
+    def class_ast(self, module: str, name: str) -> tuple[ast.ClassDef, int]:
+        """The class's ast and the number of module lines before it."""
+        key = (module, name)
+        if key not in self._asts:
+            text, outline = self.text(module), self.outline(module)[name]
+            offset = text.count("\n", 0, outline.start) - 1  # the "\n" put first
+            try:
+                node = ast.parse(text[outline.start:outline.end]).body[0]
+            except SyntaxError:  # the outline cut the class short (a string at column 0): parse the module
+                node = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name)
+                offset = 0
+            self._asts[key] = (node, offset)
+        return self._asts[key]
+
+    def forward(self, module: str, name: str, depth: int = 0) -> ast.AST | None:
+        """The ``forward`` the class runs: its own, or the first found through its bases."""
+        node, _ = self.class_ast(module, name)
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
+                return item
+        for base in self.outline(module)[name].bases:
+            resolved = self.resolve(module, base)
+            if resolved and depth < 20:
+                found = self.forward(*resolved, depth=depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def lacks(self, module: str, name: str, own: set[str], method: str) -> bool:
+        return method not in own and not any((base := self.resolve(module, b)) and self.offers(*base, method)
+                                             for b in self.outline(module)[name].bases)
+
+    def wrapper(self, module: str, name: str) -> Wrapper | None:
+        """The class as the delegation rule sees it, or None when it holds no language model it could serve."""
+        node, _ = self.class_ast(module, name)
+        functions = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        # Its own members from the ast (the outline's are only a filter): methods and class attributes.
+        own = {f.name for f in functions} | {t.id for item in node.body if isinstance(item, ast.Assign)
+                                             for t in item.targets if isinstance(t, ast.Name)}
+        assignments = [pair for function in functions for pair in inner_model_assignments(function)]
+        return classify(module, name, assignments, self.forward(module, name),
+                        is_capable=lambda callee: self.is_capable(module, callee),
+                        inner_offers=lambda callee, m: self.offers(*self.resolve(module, callee), m),
+                        lacks=lambda m: self.lacks(module, name, own, m))
+
+    def wrappers(self) -> list[Wrapper]:
+        found, candidates = [], self.capable_names()
+        for module in self.models:
+            text = self.text(module)
+            callees = set(_SELF_CALL_ASSIGN.findall(text))
+            if not candidates.intersection(c.rsplit(".", 1)[-1] for c in callees):
+                # An alias (``import m as Y``, ``from m import X as Y``): the name it was imported under.
+                heads = {c.split(".")[0] for c in callees if f" as {c.split('.')[0]}" in text}
+                if not any(self.resolve(module, c) and self.is_capable(module, c)
+                           for c in callees if c.split(".")[0] in heads):
+                    continue
+            for name, outline in self.outline(module).items():
+                # Only classes assigning self.x = <capable class>(...) in their text are parsed.
+                callees = set(_SELF_CALL_ASSIGN.findall(text, outline.start, outline.end))
+                if any(self.is_capable(module, callee) for callee in callees):
+                    found.extend(filter(None, [self.wrapper(module, name)]))
+        return found
+
+
+# -- static: the EAGLE code path
+
+_METHOD_LINE = re.compile(r"\n(?:    )?(?:async\s+)?def\s")  # a top-level function or a method
+_OUTER_LINE = re.compile(r"\n(?:    )?[^\s#)\]}]")  # a line at indentation 0 or 4
+
+
+def _functions_mentioning(text: str, words: tuple[str, ...]) -> list[ast.AST]:
+    """The ast of each top-level function and method of a top-level class whose text mentions one of ``words``."""
+    text = "\n" + text  # so that the first line matches the patterns too
+    found = []
+    for start in [m.start() + 1 for m in _METHOD_LINE.finditer(text)]:
+        following = _OUTER_LINE.search(text, text.index("\n", start))
+        segment = text[start:following.start() if following else len(text)]
+        if any(word in segment for word in words):
+            try:
+                found.append(ast.parse(textwrap.dedent(segment)).body[0])
+            except SyntaxError:  # the segment was cut short: take the whole module
+                return [ast.parse(text)]
+    return found
+
+
+def eagle_target_methods(tree: SourceTree) -> tuple[set[str], set[str]]:
+    """(methods called, names probed with hasattr/getattr) on the target model along the EAGLE code path.
+
+    Read from the speculative modules named ``*eagle*``, the speculative modules they import, and (for
+    ``set_eagle3_layers_to_capture``, called on the target by the model and graph runners) ``model_executor``.
+    """
+    folder = tree.root / "sglang" / "srt" / "speculative"
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in folder.glob("*.py") if "eagle" in p.stem}
+    for text in list(texts.values()):
+        for dependency in re.findall(r"from sglang\.srt\.speculative\.(\w+) import", text):
+            if dependency not in texts and (folder / f"{dependency}.py").is_file():
+                texts[dependency] = (folder / f"{dependency}.py").read_text(encoding="utf-8")
+    called, probed = set(), set()
+    for text in texts.values():
+        for function in _functions_mentioning(text, ("target_worker", "target_model")):
+            function_called, function_probed = _target_model_uses(function)
+            called |= function_called
+            probed |= function_probed
+    executor = tree.root / "sglang" / "srt" / "model_executor"
+    if any(".set_eagle3_layers_to_capture(" in p.read_text(encoding="utf-8") for p in executor.rglob("*.py")):
+        called.add("set_eagle3_layers_to_capture")
+    return called, probed
+
+
+def _target_model_uses(function: ast.AST) -> tuple[set[str], set[str]]:
+    """Methods called on, and names probed with hasattr/getattr on, the target model in one function."""
+    models, runners = {"target_model", "self.target_model"}, set()
+
+    def is_target(node):
+        dotted = _dotted(node)
+        if dotted is None:
+            return False
+        owner, _, last = dotted.rpartition(".")
+        return (dotted in models or dotted.endswith("target_worker.model_runner.model")
+                or (last == "model" and owner in runners))
+
+    for node in _statements(function):  # local aliases: target_model = self.target_worker.model_runner.model
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and (name := _dotted(node.targets[0])):
+            if is_target(node.value):
+                models.add(name)
+            elif (_dotted(node.value) or "").endswith("target_worker.model_runner"):
+                runners.add(name)
+    called, probed = set(), set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and is_target(node.func.value):
+            called.add(node.func.attr)
+        elif (isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2
+              and is_target(node.args[0]) and isinstance(node.args[1], ast.Constant)):
+            probed.add(node.args[1].value)
+    return called, probed
+
+
+def _worker_problem(called: set[str], probed: set[str]) -> str | None:
+    """Why the EAGLE code path no longer fits the delegated methods, or None."""
+    if not called & set(CAPABLE):
+        return "the EAGLE workers call neither " + " nor ".join(CAPABLE) + " on the target model"
+    unknown = sorted(called - set(DELEGATED_METHODS) - MODULE_API - probed)
+    if unknown:
+        return f"the EAGLE workers call {', '.join(unknown)} on the target model, which {PATCH_ID} does not forward"
+    return None
+
+
+# -- static: the model runner, and every name HELPER_SOURCE relies on
+
+def _runner_class(tree: SourceTree) -> ast.ClassDef | None:
+    module = tree.tree(MODEL_RUNNER)
+    return next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == RUNNER_CLASS), None) \
+        if module else None
+
+
+def _self_assigned(cls: ast.ClassDef) -> set[str]:
+    """Attributes some method of ``cls`` assigns (``self.x = ...``, ``self.x: T = ...``)."""
+    found = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        found.update(attr for t in targets for n in ast.walk(t) if (attr := _self_attr(n)))
+    return found
+
+
+def _class_defines(tree: SourceTree, module: str, cls_name: str, member: str, depth: int = 0) -> str | None:
+    """Whether ``from module import cls_name`` leads to a class defining or inheriting ``member``: None when it
+    does, else what is missing (followed through re-exports and relative imports)."""
+    parsed = tree.tree(module)
+    if parsed is None or depth > 5:
+        return f"no module {module}"
+    for node in parsed.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body):
+                return None
+            if any(isinstance(base, ast.Name) and _class_defines(tree, module, base.id, member, depth + 1) is None
+                   for base in node.bases):  # inherited counts
+                return None
+            return f"{module}.{cls_name}.{member} is missing"
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == cls_name for a in node.names):
+            alias = next(a for a in node.names if (a.asname or a.name) == cls_name)
+            return _class_defines(tree, _absolute(tree, module, node), alias.name, member, depth + 1)
+    return f"{module} has no {cls_name}"
+
+
+def _absolute(tree: SourceTree, module: str, node: ast.ImportFrom) -> str:
+    """The module an ``ImportFrom`` in ``module`` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    path = tree.path(module)
+    package = module if path is not None and path.name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return ".".join(filter(None, [package, node.module]))
+
+
+def hook_problems(tree: SourceTree) -> list[str]:
+    """What the inserted wrapper would miss in this tree: each name it relies on, and the order it needs."""
+    module = tree.tree(MODEL_RUNNER)
+    if module is None:
+        return ["no sglang/srt/model_executor/model_runner.py (every covered release has it)"]
+    cls = _runner_class(tree)
+    if cls is None:
+        return [f"model_runner has no class {RUNNER_CLASS}"]
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    problems = []
+    if not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "logger" for t in n.targets)
+               for n in module.body if n.lineno < cls.lineno):
+        problems.append("model_runner defines no module-level logger before ModelRunner")
+    load_model = methods.get("load_model")
+    if load_model is None:
+        problems.append("ModelRunner.load_model is missing")
+    else:
+        used = {n.attr for n in ast.walk(load_model) if isinstance(n, ast.Attribute)} | {
+            n.id for n in ast.walk(load_model) if isinstance(n, ast.Name)}
+        asked = sorted(used & {*DELEGATED_METHODS, "configure_aux_hidden_state_capture"})
+        if asked:  # the wrapper runs after load_model: too late for a call inside it
+            problems.append(f"ModelRunner.load_model itself uses {', '.join(asked)}")
+    if not any(isinstance(n, ast.Call) and ast.unparse(n.func) == "self.load_model"
+               for name, method in methods.items() if name != "load_model" for n in ast.walk(method)):
+        problems.append("ModelRunner never calls self.load_model()")
+    if "model" not in _self_assigned(cls):
+        problems.append("ModelRunner never sets self.model")
+    # The wrapper reads these right after loading: __init__ must set them before it loads (through initialize).
+    init = methods.get("__init__")
+    loads = [n.lineno for n in ast.walk(init) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) in ("self.initialize", "self.load_model")] if init else []
+    for attr in ("is_draft_worker", "spec_algorithm"):
+        lines = [n.lineno for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                 and any(_self_attr(t) == attr for t in getattr(n, "targets", [getattr(n, "target", None)]))] \
+            if init else []
+        if not lines:
+            problems.append(f"ModelRunner.__init__ never sets self.{attr}")
+        elif loads and min(lines) > min(loads):
+            problems.append(f"ModelRunner.__init__ sets self.{attr} only after loading the model")
+    imported = next((_absolute(tree, MODEL_RUNNER, node) for node in module.body if isinstance(node, ast.ImportFrom)
+                     and any((a.asname or a.name) == "SpeculativeAlgorithm" for a in node.names)), None)
+    if imported is None:
+        problems.append("model_runner does not import SpeculativeAlgorithm")
+    elif missing := _class_defines(tree, imported, "SpeculativeAlgorithm", "is_eagle"):
+        problems.append(missing)
+    return problems
+
+
+def _insert_after_class(text: str, cls: ast.ClassDef) -> str:
+    lines = text.splitlines(keepends=True)
+    block = "\n\n" + HELPER_SOURCE + "\n\n" + INSTALL_LINE
+    lines[cls.end_lineno:cls.end_lineno] = [block]  # the blank lines that followed the class still follow
+    return "".join(lines)
+
+
+class DrafterDelegation(Patch):
+    id = PATCH_ID
+
+    # -- static
+
+    def check_source(self, tree: SourceTree) -> Result:
+        return self._assess(tree)[0]
+
+    def rewrite(self, tree: SourceTree) -> dict[str, str]:
+        if self.check_source(tree).status != APPLICABLE:
+            return {}
+        return {MODEL_RUNNER: _insert_after_class(tree.source(MODEL_RUNNER), _runner_class(tree))}
+
+    def _assess(self, tree: SourceTree) -> tuple[Result, list[Wrapper]]:
+        """check_source's result, with the classes that would gain methods."""
+        runner = tree.source(MODEL_RUNNER)
+        if runner is not None and MARKER in runner:
+            complete = HELPER_SOURCE in runner and INSTALL_LINE in runner
+            return (Result(APPLIED, "source carries the sglang-pcie diff") if complete else
+                    Result(DRIFTED, "model_runner carries part of the sglang-pcie diff, or another version's "
+                                    "(reverse it with the sglang-pcie that applied it)")), []
+        problems = hook_problems(tree)
+        if not (tree.root / "sglang" / "srt" / "models").is_dir():
+            problems.append("no sglang/srt/models folder")
+        else:
+            problems += filter(None, [_worker_problem(*eagle_target_methods(tree))])
+        if problems:
+            return Result(DRIFTED, "; ".join(problems)), []
+        models = SourceModels(tree)
+        wrappers = models.wrappers()
+        kimi = next((w for w in wrappers if w.module == KIMI_MODULE and w.name == KIMI_CLASS), None)
+        if kimi is None and KIMI_CLASS in models.outline(KIMI_MODULE):
+            own, _ = models.class_ast(KIMI_MODULE, KIMI_CLASS)
+            names = {n.name for n in own.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            lacking = [m for m in CAPABLE if models.lacks(KIMI_MODULE, KIMI_CLASS, names, m)]
+            if lacking:  # the class this patch exists for would no longer be served
+                return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
+                                       f"forward runs, and lacks {', '.join(lacking)} (srt/models/kimi_k25.py)"), []
+        # As at runtime: a class acts only when it lacks one of CAPABLE (then it gains every method it lacks).
+        qualifying = [w for w in wrappers if set(w.missing) & set(CAPABLE)]
+        if qualifying:
+            return Result(APPLICABLE, f"if served as the target of an EAGLE run, {len(qualifying)} class(es) gain "
+                                      "forwarding methods (nothing happens otherwise): "
+                          + summarize(qualifying)), qualifying
+        if wrappers:
+            return Result(UPSTREAM, "every wrapper already has the methods EAGLE calls on the target: "
+                          + ", ".join(w.label for w in wrappers)), []
+        return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), []
+
+    # -- runtime
+
+    def install(self, module: ModuleType, settings) -> Result:
+        runner = getattr(module, RUNNER_CLASS, None)
+        load_model = vars(runner).get("load_model") if isinstance(runner, type) else None
+        if not isinstance(load_model, FunctionType):
+            raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
+        if not isinstance(getattr(module, "logger", None), logging.Logger):
+            raise Drift(f"{module.__name__} has no module-level logger")
+        if not is_patched(load_model, self.id):
+            runner.load_model = mark(compile_helper(module)(load_model), self.id)
+        return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
+
+    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
+        module = modules.get(MODEL_RUNNER)
+        if module is None:
+            return Result(ERROR, f"{MODEL_RUNNER} did not import")
+        if hasattr(module, HELPER_NAME):
+            return Result(APPLIED, "source carries the sglang-pcie diff")
+        if is_patched(vars(getattr(module, RUNNER_CLASS, object)).get("load_model"), self.id):
+            return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
+        return Result(ERROR, "ModelRunner.load_model is not wrapped")
+
+
+def compile_helper(module: ModuleType) -> Callable:
+    """HELPER_SOURCE compiled against ``module``'s logger (its source is kept for tracebacks and inspect)."""
+    filename = f"<{PATCH_ID} {module.__name__}>"
+    linecache.cache[filename] = (len(HELPER_SOURCE), None, HELPER_SOURCE.splitlines(True), filename)
+    namespace = {"__name__": module.__name__, "logger": module.logger}
+    exec(compile(HELPER_SOURCE, filename, "exec"), namespace)
+    return namespace[HELPER_NAME]
+
+
+PATCH = DrafterDelegation()

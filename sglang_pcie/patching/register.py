@@ -1,0 +1,179 @@
+"""The patch register, as data: per patch id, where its code lives, the modules it patches, why it exists, the
+upstream work it relates to (with that work's state), when it can be removed, the releases it covers, and the one
+switch that gates it.
+
+This module imports nothing of sglang-pcie (and nothing else but ``dataclasses``): activation reads it in every
+SGLang process to register each wanted patch's hooks, and loads a patch's module only when one of its target
+modules is imported. docs/patches.md is generated from it (``ci/generate-docs``; a test fails when it is stale).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The state of an upstream reference, as last checked (``checked`` on the entry).
+OPEN, MERGED, CLOSED, RELEASED, FIXED = "open", "merged", "closed without merging", "released", "closed as fixed"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Upstream work a patch relates to."""
+    name: str  # "sglang PR #32330"
+    url: str
+    state: str  # OPEN, MERGED, CLOSED, RELEASED or FIXED
+    note: str  # what it means for the patch
+
+    def text(self) -> str:
+        return f"{self.name} ({self.state}): {self.note}"
+
+
+@dataclass(frozen=True)
+class OptIn:
+    """The switch a patch needs before it is even registered."""
+    setting: str  # the Settings attribute that must be true
+    variable: str  # the environment variable behind it
+    off_reason: str  # verify-patches' detail while it is not given
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    module: str  # the module defining PATCH
+    targets: tuple[str, ...]  # modules whose import applies the patch
+    releases: str  # covered releases, a version specifier naming the first and the last
+    opt_in: OptIn | None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
+    summary: str
+    why: str
+    upstream: tuple[Reference, ...]
+    upstream_note: str  # said where there is no reference, or beside them
+    checked: str  # when the references' states were last checked
+    remove_when: str
+    upstream_check: str  # how the static check tells that upstream already has it
+    runtime_method: str  # how it is applied at runtime
+    static_method: str  # how it is checked statically against a source tree
+    # True where SGLang itself tolerates a target failing to import (its model registry skips such model modules):
+    # ``verify-patches --runtime`` then notes the failure instead of reporting an error.
+    targets_may_fail_to_import: bool = False
+
+    def upstream_text(self) -> str:
+        return "; ".join([ref.text() for ref in self.upstream] + ([self.upstream_note] if self.upstream_note else []))
+
+
+DISABLE_PATCHES_REASON = "listed in SGLANG_PCIE_DISABLE_PATCHES"
+
+
+def disabled_reason(entry: Entry, settings) -> str | None:
+    """The one gate of every patch: why it is not registered under ``settings``, or None when it is."""
+    if settings.disabled:
+        return "SGLANG_PCIE_DISABLE is set"
+    if entry.id in settings.disabled_patches:
+        return DISABLE_PATCHES_REASON
+    if entry.opt_in is not None and not getattr(settings, entry.opt_in.setting):
+        return entry.opt_in.off_reason
+    return None
+
+
+_SGLANG = "https://github.com/sgl-project/sglang"
+
+REGISTER = (
+    Entry(
+        id="sm120-allreduce-fusion",
+        module="sglang_pcie.patching.sm120_allreduce_fusion",
+        targets=("sglang.srt.layers.flashinfer_comm_fusion", "sglang.srt.layers.communicator",
+                 "sglang.srt.layers.layer_boundary.residual.add_norm"),
+        releases=">=0.5.8,<=0.5.23",
+        opt_in=OptIn("sm120_fusion", "SGLANG_PCIE_SM120_FUSION", "opt-in: set SGLANG_PCIE_SM120_FUSION=1"),
+        summary=("FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in): the gate, the backend "
+                 "resolver and the workspace preflight admit SM120 where it can run"),
+        why=("On 8 x RTX PRO 6000 Blackwell (SM120) over PCIe the fusion is never used: the gate admits only SM90 "
+             "and SM100, and from 0.5.14 the backend resolver raises for anything else, so every layer pays a plain "
+             "NCCL all-reduce followed by separate residual and RMSNorm kernels."),
+        upstream=(
+            Reference("sglang PR #32330", f"{_SGLANG}/pull/32330", CLOSED,
+                      "SM12x enablement, closed after a TP4 regression; the closing note asks for an explicit "
+                      "opt-in or TP gating, validated at TP2, TP4 and TP8"),
+            Reference("sglang issue #15650", f"{_SGLANG}/issues/15650", FIXED,
+                      "auto-enabled fusion crashed CUDA-graph capture on SM120 without SM12x kernels; fixed by no "
+                      "longer auto-enabling it there (PR #16283)"),
+            Reference("FlashInfer PR #3903", "https://github.com/flashinfer-ai/flashinfer/pull/3903", MERGED,
+                      "SM12x kernels for the TRT-LLM all-reduce the fusion runs"),
+        ),
+        upstream_note="",
+        checked="2026-12-01",
+        remove_when="SGLang's gate and resolver admit SM12x (with an explicit opt-in)",
+        upstream_check=("every part the patch changes already admits SM12x: the gate's and (0.5.14+) the "
+                        "resolver's capability tests name SM120 / SM12x / Blackwell besides SM90 and SM100, in any "
+                        "order; a part still missing keeps the patch applicable for that part"),
+        runtime_method=("only with SGLANG_PCIE_SM120_FUSION=1 (otherwise not registered): post-import hooks "
+                        "compile the rewritten source of the gate module and flashinfer_comm_fusion, define the "
+                        "SM120 helper there and swap __code__ of the gate, the resolver and the workspace preflight "
+                        "in place (callers that imported the gate by name see it too)"),
+        static_method=("ast: the gate's `<sm90> or <sm100>` test (any operand order, anywhere in the gate); the "
+                       "`if not (<sm90> or <sm100>): raise` of flashinfer_comm_fusion (0.5.14+); the multicast "
+                       "query in the preflight loop (0.5.11+); the SM120 probe the helper calls "
+                       "(get_platform().is_sm120 from 0.5.19, sglang.srt.utils.is_sm120_supported before) resolved "
+                       "in the tree"),
+    ),
+    Entry(
+        id="eagle3-profile",
+        module="sglang_pcie.patching.eagle3_profile",
+        targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
+                 "sglang.srt.speculative.spec_info"),
+        releases=">=0.5.8,<=0.5.23",
+        opt_in=OptIn("eagle3_profile", "EAGLE3_PROFILE", "EAGLE3_PROFILE is not set to 1"),
+        summary="EAGLE3_PROFILE=1: per-phase timers (draft, verify, re-extend, cycle) for SGLang's EAGLE workers",
+        why=("A per-phase breakdown of one speculative cycle (draft 0.89 ms, verify 18.67 ms, re-extend 0.28 ms) "
+             "showed that verify communication, not drafter quality, was the bottleneck. SGLang has no such "
+             "breakdown (its speculative spans are missing on the spec-v2 paths) and hand-added timers are lost at "
+             "each upgrade."),
+        upstream=(),
+        upstream_note="none: SGLang's speculative tracing spans do not time the spec-v2 phases on the GPU",
+        checked="2026-12-01",
+        remove_when="SGLang reports GPU-timed per-phase figures for its EAGLE workers itself",
+        upstream_check=("never upstream so far; statically: the worker modules exist with the phase methods and "
+                        "the cycle method calls each phase method"),
+        runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 replaces the phase methods of "
+                        "EAGLEWorker, EAGLEWorkerV2 and EagleDraftWorker by "
+                        "sglang_pcie.runtime.eagle_profiler.wrap(...) wrappers; only when EAGLE3_PROFILE=1"),
+        static_method="ast: classes and methods present, the cycle method calls every phase method",
+    ),
+    Entry(
+        id="drafter-delegation",
+        module="sglang_pcie.patching.drafter_delegation",
+        targets=("sglang.srt.model_executor.model_runner",),
+        releases=">=0.5.8,<=0.5.23",
+        opt_in=None,
+        summary=("EAGLE-3 drafters on wrapper target models (Kimi-K2.5 on 0.5.9 and more): forward the EAGLE-3 "
+                 "methods"),
+        why=("EAGLE-3 asks the target model to capture auxiliary hidden states and to share its embedding and LM "
+             "head. Multimodal wrappers (KimiK25ForConditionalGeneration holds DeepSeek-V3 as language_model) do "
+             "not forward those calls, so an EAGLE-3 drafter cannot run on them without a hand patch."),
+        upstream=(
+            Reference("sglang 0.5.10", f"{_SGLANG}/releases/tag/v0.5.10", RELEASED,
+                      "added set_eagle3_layers_to_capture / get_embed_and_head / set_embed_and_head to "
+                      "KimiK25ForConditionalGeneration; other wrappers still lack them"),
+        ),
+        upstream_note="",
+        checked="2026-12-01",
+        remove_when="no model class of the oldest supported release qualifies (verify-patches says upstream)",
+        upstream_check=("every class holding an EAGLE-3-capable language model that its forward uses already "
+                        "defines (or inherits) the methods EAGLE calls on the target"),
+        runtime_method=("post-import hook on model_runner wraps ModelRunner.load_model; only in an EAGLE run, once "
+                        "the target model is loaded, a class lacking the EAGLE methods that holds one language "
+                        "model having them, run whole by its forward, gains methods forwarding to it (logged at "
+                        "first use)"),
+        static_method=("ast of model_runner for every name the wrapper relies on; ast of the EAGLE workers for the "
+                       "methods they call on the target; text outline of srt/models plus ast of the candidate "
+                       "classes for the classes that would gain methods"),
+    ),
+)
+
+
+def entry(patch_id: str) -> Entry:
+    for item in REGISTER:
+        if item.id == patch_id:
+            return item
+    raise KeyError(patch_id)
+
+
+def ids() -> list[str]:
+    return [item.id for item in REGISTER]

@@ -1,0 +1,707 @@
+"""sm120-allreduce-fusion: FlashInfer's all-reduce + residual + RMSNorm fusion on SM120 (RTX PRO 6000 Blackwell).
+
+What each release has, re-derived from the pristine wheels 0.5.8-0.5.23:
+
+* The gate ``(_is_sm90_supported or _is_sm100_supported) and ...`` is
+  ``srt/layers/communicator.py::apply_flashinfer_allreduce_fusion`` up to 0.5.20,
+  ``srt/layers/layer_boundary/residual/add_norm.py::apply_flashinfer_allreduce_fusion`` in 0.5.21 and
+  ``add_norm.py::flashinfer_ar_fusion_applies`` from 0.5.22.  Other modules import it by name
+  (``models/nemotron_h_utils.py`` 0.5.14-0.5.20, ``layer_boundary/exit.py`` and ``fusions/allreduce.py`` 0.5.21+).
+* From 0.5.11 the workspace preflight (``flashinfer_comm_fusion.py::_flashinfer_trtllm_workspace_allocation_sizes``)
+  rounds to the multicast granularity.  GPUs without multicast (SM120 over PCIe) fail that query, which turns the
+  fusion off, although FlashInfer's TRT-LLM workspace never multicasts (``SymmDeviceMemory(enable_multicast=False)``).
+* From 0.5.14 the backend resolver (``flashinfer_comm_fusion.py::_resolve_backend``) raises for anything but
+  SM90/SM10x; it runs when the workspaces are pre-initialised, before CUDA-graph capture.
+* Every release switches the fusion on by itself only on SM90/SM100 (server_args.py, later arg_groups/); that is
+  left alone, so on SM120 the fusion is only ever the user's choice, and the user also sets
+  SGLANG_PCIE_SM120_FUSION=1 (SGLang's option alone cannot tell a user's choice from its own defaults).
+
+The change is written once, as source text (``rewrite``): the versioned diffs are that text, and ``apply`` compiles
+the same text and puts the changed functions' code into the existing function objects (``__code__``), so the
+modules that imported the gate by name see the change as well.
+
+Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
+(``disabled_reason``), and the text baked into an image by ``apply-diffs`` checks the variable itself, so without it
+every patched function answers, raises and logs as SGLang's own.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import linecache
+import re
+import sys
+from pathlib import Path
+from types import CodeType, FunctionType, ModuleType
+from typing import Mapping
+
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching.source import SourceTree, installed_sglang_root
+
+PATCH_ID = "sm120-allreduce-fusion"
+MARKER = f"{DIFF_MARKER} {PATCH_ID}"
+LOGGER_NAME = "sglang_pcie.sm120_allreduce_fusion"
+
+COMMUNICATOR = "sglang.srt.layers.communicator"
+ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
+FUSION = "sglang.srt.layers.flashinfer_comm_fusion"
+# Where the gate lives, newest last; the first one found is the release's gate.
+GATE_LOCATIONS = (
+    (COMMUNICATOR, "apply_flashinfer_allreduce_fusion"),  # up to 0.5.20
+    (ADD_NORM, "apply_flashinfer_allreduce_fusion"),  # 0.5.21
+    (ADD_NORM, "flashinfer_ar_fusion_applies"),  # 0.5.22+
+)
+RESOLVER = "_resolve_backend"  # where every covered release from 0.5.14 refuses anything but SM90/SM10x
+PREFLIGHT_SIZES = "_flashinfer_trtllm_workspace_allocation_sizes"
+HELPER = "_sglang_pcie_sm120_fusion_ok"
+IS_SM120 = "_sglang_pcie_is_sm120"
+OPTED_IN = "_sglang_pcie_sm120_opted_in"
+# Parts that every covered release from this one on has; a source of such a release lacking one is drifted.
+RESOLVER_SINCE = "0.5.14"
+PREFLIGHT_SINCE = "0.5.11"
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+UTILS = "sglang.srt.utils"
+UTILS_COMMON = "sglang.srt.utils.common"
+SM120_FACT = "is_sm120"  # get_platform().is_sm120, from 0.5.19
+SM120_PROBE = "is_sm120_supported"  # sglang.srt.utils, every covered release
+
+# How the inserted helper asks whether the GPU is SM12x: written for the release at hand, through the name its
+# check found there (the platform object from 0.5.19, SGLang's probe before), so that no fallback hides a rename.
+IS_SM120_BY_PLATFORM = f"""\
+    from {RUNTIME_CONTEXT} import get_platform
+
+    return bool(get_platform().{SM120_FACT})
+"""
+IS_SM120_BY_PROBE = f"""\
+    from {UTILS} import {SM120_PROBE}
+
+    return bool({SM120_PROBE}())
+"""
+
+# Inserted into the release, self-contained (the diffs must work without sglang-pcie installed).
+# __ENTRY_POINTS__ becomes what the release's flashinfer_comm_fusion.py calls on flashinfer.comm, __IS_SM120__ one
+# of the two bodies above.
+HELPER_BLOCK = '''\
+# sglang-pcie: sm120-allreduce-fusion (begin).
+# SM120 (RTX PRO 6000 Blackwell) joins SM90/SM100 in FlashInfer's all-reduce fusion only when the user opted
+# in (SGLang's own fusion option and SGLANG_PCIE_SM120_FUSION=1) and the fused kernel can run: peer-to-peer
+# access between the GPUs, and a FlashInfer with SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR
+# #3903) and the entry points this release calls. Without SGLANG_PCIE_SM120_FUSION=1 nothing here changes
+# what SGLang does or logs. Decided once per process and the same way on every TP rank (all of them see the
+# same GPUs): a rank that alone fell back to NCCL would hang its peers.
+_SGLANG_PCIE_FLASHINFER_ENTRY_POINTS = __ENTRY_POINTS__
+_sglang_pcie_sm120_fusion = None  # the decision, once made
+
+
+def _sglang_pcie_sm120_opted_in():
+    import os
+
+    return os.environ.get("SGLANG_PCIE_SM120_FUSION", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _sglang_pcie_is_sm120():
+__IS_SM120__
+
+def _sglang_pcie_sm120_fusion_ok():
+    global _sglang_pcie_sm120_fusion
+    if _sglang_pcie_sm120_fusion is None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return False  # decided in eager code only, never while Dynamo traces the gate
+        _sglang_pcie_sm120_fusion = bool(
+            _sglang_pcie_sm120_opted_in() and _sglang_pcie_is_sm120() and _sglang_pcie_sm120_can_fuse()
+        )
+    return _sglang_pcie_sm120_fusion
+
+
+def _sglang_pcie_sm120_can_fuse():
+    import logging
+
+    missing = _sglang_pcie_flashinfer_missing() + _sglang_pcie_peer_access_missing()
+    if missing:
+        logging.getLogger("sglang_pcie.sm120_allreduce_fusion").warning(
+            "sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: %s", "; ".join(missing)
+        )
+        return False
+    return True
+
+
+def _sglang_pcie_flashinfer_missing():
+    import pathlib
+
+    try:
+        import flashinfer
+        import flashinfer.comm
+    except Exception as exc:
+        return [f"FlashInfer cannot be imported ({type(exc).__name__}: {exc})"]
+    version = getattr(flashinfer, "__version__", "?")
+    absent = [name for name in _SGLANG_PCIE_FLASHINFER_ENTRY_POINTS if not hasattr(flashinfer.comm, name)]
+    if absent:
+        return [f"flashinfer.comm {version} lacks {', '.join(absent)}"]
+    build_spec = pathlib.Path(flashinfer.__file__).parent / "jit" / "comm.py"
+    if 12 not in _sglang_pcie_trtllm_allreduce_majors(build_spec):
+        return [f"FlashInfer {version} has no SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR #3903)"]
+    return []
+
+
+def _sglang_pcie_trtllm_allreduce_majors(build_spec):
+    """The GPU majors FlashInfer builds its TRT-LLM all-reduce for (gen_trtllm_comm_module in jit/comm.py)."""
+    import ast
+
+    try:
+        tree = ast.parse(build_spec.read_text())
+    except (OSError, SyntaxError):
+        return []
+    for func in ast.walk(tree):
+        if isinstance(func, ast.FunctionDef) and func.name == "gen_trtllm_comm_module":
+            for call in ast.walk(func):
+                for keyword in getattr(call, "keywords", ()):
+                    if keyword.arg == "supported_major_versions":
+                        return list(ast.literal_eval(keyword.value))
+    return []
+
+
+def _sglang_pcie_peer_access_missing():
+    import torch
+
+    count = torch.cuda.device_count()
+    pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
+    blocked = [(a, b) for a, b in pairs if not torch.cuda.can_device_access_peer(a, b)]
+    if not blocked:
+        return []
+    a, b = blocked[0]
+    return [f"GPU {a} has no peer-to-peer access to GPU {b} "
+            f"({len(blocked)} of {len(pairs)} pairs of visible GPUs lack it)"]
+
+
+# sglang-pcie: sm120-allreduce-fusion (end).
+'''
+GATE_COMMENT = f"# {MARKER}: SM120 as SM90 once opted in and able to run"
+RESOLVER_COMMENT = f"# {MARKER}: SM120 resolves as SM90 (auto -> trtllm) once opted in and able to run"
+RESOLVER_OFF = f'''\
+# {MARKER}: opted in on SM120 with a condition missing (logged once), a
+# backend it could run stays off instead of failing the server start; SGLang's own error otherwise.
+if {OPTED_IN}() and {IS_SM120}() and backend in ("auto", "trtllm") and not is_multi_node:
+    return None
+'''
+PREFLIGHT_COMMENT = f'''\
+# {MARKER}: FlashInfer's TRT-LLM workspace is unicast, and GPUs without
+# multicast (SM120 over PCIe) fail the multicast query.
+if not {HELPER}():
+'''
+IMPORT_LINES = f"from {FUSION} import (  # {MARKER}\n    {HELPER},\n)\n"
+
+
+class Sm120AllreduceFusion(Patch):
+    """Opt-in: without SGLANG_PCIE_SM120_FUSION=1 the patch is not even registered (the register's gate), so
+    SGLang's own code, errors and messages are untouched (and the process pays nothing for it)."""
+
+    id = PATCH_ID
+
+    # -- static
+
+    def check_source(self, tree: SourceTree) -> Result:
+        try:
+            status, detail, _ = _rewrite(tree)
+        except Drift as exc:
+            return Result(DRIFTED, str(exc))
+        return Result(status, detail)
+
+    def rewrite(self, tree: SourceTree) -> dict[str, str]:
+        status, _, sources = _rewrite(tree)
+        return sources if status == APPLICABLE else {}
+
+    # -- runtime
+
+    def install(self, module: ModuleType, settings) -> Result:
+        name = module.__name__
+        source = inspect.getsource(module)
+        status, detail, sources = _rewrite_installed(installed_sglang_root())
+        if status != APPLICABLE:
+            return Result(status, detail)
+        if name not in sources:
+            return Result(NOT_APPLICABLE, f"nothing to change in {name} on this release")
+        return _install(module, source, sources[name])
+
+    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
+        status, detail, sources = _rewrite_installed(installed_sglang_root())
+        if status != APPLICABLE:
+            return Result(status, detail)
+        for name, new_source in sources.items():
+            module = modules.get(name)
+            if module is None:
+                return Result(DRIFTED, f"{name} was not imported")
+            changed, added = _top_level_changes(inspect.getsource(module), new_source)
+            unpatched = [n for n in changed + _function_names(added)
+                         if not is_patched(getattr(module, n, None), self.id)]
+            if unpatched:
+                return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
+        gate_module, gate = _find_gate(SourceTree(installed_sglang_root()))
+        return Result(APPLIED, f"{gate_module.rsplit('.', 1)[1]}.{gate} admits SM120 when opted in and able to run")
+
+
+PATCH = Sm120AllreduceFusion()
+
+
+# -- the source transformation (shared by the diffs, the static check and the runtime patch)
+
+def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
+    """(status, detail, {module: new source}); raises Drift where the release's shape is not the expected one.
+
+    Three parts: the gate, the backend resolver (0.5.14+), the workspace preflight (0.5.11+). A part upstream
+    already opened to SM12x is left alone; the status is ``upstream`` only when no part is left to patch.
+    """
+    gate_module, gate_name = _find_gate(tree)
+    gate_source = tree.source(gate_module)
+    fusion_source = tree.source(FUSION)
+    if fusion_source is None:
+        raise Drift(f"{FUSION} is missing")
+    if MARKER in gate_source or MARKER in fusion_source:
+        return APPLIED, "source carries the sglang-pcie diff", {}
+    gate_tree, fusion_tree = ast.parse(gate_source), ast.parse(fusion_source)
+    version = _version(tree)
+    gate_label = f"{gate_module.rsplit('.', 1)[1]}.{gate_name}"
+
+    gate_test = _gate_capability(gate_tree, _function(gate_tree, gate_name), f"{gate_module}.{gate_name}")
+    resolver = _find_resolver(fusion_tree, version)
+    preflight = _find_preflight(fusion_tree, version)
+
+    patched, upstream = [], []
+    (upstream if _admits_sm12x(gate_test) else patched).append(gate_label)
+    if resolver is not None:
+        (upstream if _admits_sm12x(resolver[2]) else patched).append(resolver[0].name)
+    if preflight is not None:
+        patched.append(PREFLIGHT_SIZES)
+    if not patched:
+        return UPSTREAM, f"SM12x already admitted upstream by {', '.join(upstream)}: nothing left to patch", {}
+
+    edits = {gate_module: _Edits(gate_source), FUSION: _Edits(fusion_source)}
+    gate_edits = edits[gate_module]
+    if gate_label in patched:
+        gate_edits.insert_at(gate_test.end_lineno, gate_test.end_col_offset, f" or {HELPER}()")
+        gate_edits.insert_lines(gate_test.lineno, GATE_COMMENT + "\n")
+    if resolver is not None and resolver[0].name in patched:
+        _resolver_edits(resolver, edits[FUSION])
+    if preflight is not None:
+        edits[FUSION].indent(preflight[0].lineno, preflight[1].end_lineno)
+        edits[FUSION].insert_lines(preflight[0].lineno, PREFLIGHT_COMMENT)
+
+    # The helper goes into flashinfer_comm_fusion when the gate module imports it at top level (0.5.10+) or when
+    # flashinfer_comm_fusion itself needs it: one decision and one log line per process. Up to 0.5.9 only the
+    # gate module needs it, and it does not import flashinfer_comm_fusion.
+    fusion_import = _top_level_import_of(tree, gate_module, gate_tree, FUSION)
+    fusion_needs = edits[FUSION].changed
+    gate_needs = gate_edits.changed
+    if fusion_needs or fusion_import is not None:
+        host = FUSION
+        if gate_needs:
+            if fusion_import is None:
+                raise Drift(f"{gate_module} no longer imports {FUSION} at module level, which would hold the "
+                            "helper its gate calls")
+            gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
+    else:
+        host = gate_module
+    host_tree = fusion_tree if host == FUSION else gate_tree
+    entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
+    probe_name, probe_body = _sm120_probe(tree)
+    block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
+    edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines), block + "\n\n")
+
+    sources = {module: e.text() for module, e in edits.items() if e.changed}
+    _plain_functions_only(tree, sources)
+    detail = f"patches {', '.join(patched)}; helper in {host.rsplit('.', 1)[1]} (reads {probe_name})"
+    if upstream:
+        detail += f"; SM12x already admitted upstream by {', '.join(upstream)}"
+    return APPLICABLE, detail, sources
+
+
+def _plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
+    """The runtime patch swaps the code of the functions the rewrite changes; a decorated one (lru_cache,
+    torch.compiler.disable...) is another object in the live module, which it cannot do: drift, before it runs."""
+    for module, new_source in sources.items():
+        changed, _ = _top_level_changes(tree.source(module), new_source)
+        for name in changed:
+            func = _function(tree.tree(module), name)
+            if func is not None and func.decorator_list:
+                decorators = ", ".join("@" + ast.unparse(d) for d in func.decorator_list)
+                raise Drift(f"{module}.{name} is decorated ({decorators}); the patch swaps the code of plain "
+                            "functions only")
+
+
+def _version(tree: SourceTree):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(tree.version)
+    except InvalidVersion:
+        return None
+
+
+def _since(version, release: str) -> bool:
+    """Whether every covered release from ``release`` on has the part (False where the version is unknown)."""
+    from packaging.version import Version
+
+    return version is not None and version >= Version(release)
+
+
+def _find_gate(tree: SourceTree) -> tuple[str, str]:
+    for module, name in GATE_LOCATIONS:
+        if tree.function(module, name) is not None:
+            return module, name
+    raise Drift("no fusion gate: " + ", ".join(f"{m}.{n}" for m, n in GATE_LOCATIONS) + " are all absent")
+
+
+# Which GPUs an operand of a capability test stands for, read off its text (`_is_sm90_supported`,
+# `get_platform().is_sm100`, `is_sm120_supported()`, `_is_blackwell`...).
+_GPU_WORDS = {"sm90": r"sm_?90|hopper", "sm100": r"sm_?10\d|sm_?10x|blackwell", "sm12x": r"sm_?12|blackwell"}
+
+
+def _gpus(operand: ast.expr) -> set[str]:
+    text = ast.unparse(operand).lower()
+    return {gpu for gpu, pattern in _GPU_WORDS.items() if re.search(pattern, text)}
+
+
+def _or_operands(node: ast.BoolOp) -> list[ast.expr]:
+    """The operands of an ``or`` chain, nested ``or``s flattened: ``a or (b or c)`` is a, b, c."""
+    found = []
+    for value in node.values:
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            found.extend(_or_operands(value))
+        else:
+            found.append(value)
+    return found
+
+
+def _capability_tests(node: ast.AST) -> list[ast.BoolOp]:
+    """The outermost ``or`` tests under ``node`` naming both SM90 and SM100, in any order."""
+    found = []
+    for child in ast.walk(node):
+        if isinstance(child, ast.BoolOp) and isinstance(child.op, ast.Or):
+            covered = set().union(*(_gpus(v) for v in _or_operands(child)))
+            if {"sm90", "sm100"} <= covered and not any(child is inner or _contains(inner, child) for inner in found):
+                found = [f for f in found if not _contains(child, f)] + [child]
+    return found
+
+
+def _contains(outer: ast.AST, inner: ast.AST) -> bool:
+    return any(node is inner for node in ast.walk(outer))
+
+
+def _admits_sm12x(test: ast.BoolOp) -> bool:
+    return any("sm12x" in _gpus(v) for v in _or_operands(test))
+
+
+def _gate_capability(module_tree: ast.Module, func: ast.FunctionDef, label: str) -> ast.BoolOp:
+    """The gate's `<sm90> or <sm100>` test, wherever it sits in the gate (or in a function of its module that the
+    gate calls, where a refactor moved it) and in whatever order."""
+    tests = _capability_tests(func)
+    if not tests:  # one level down: `_fusion_supported_arch() and ...`
+        called = {n.func.id for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        helpers = [f for f in module_tree.body if isinstance(f, ast.FunctionDef) and f.name in called]
+        tests = [test for helper in helpers for test in _capability_tests(helper)]
+    if len(tests) != 1:
+        ors = [ast.unparse(n) for n in ast.walk(func) if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)]
+        found = f"; its `or` tests: {'; '.join(ors)}" if ors else ""
+        raise Drift(f"{label} does not test `<sm90> or <sm100>` once ({len(tests)} such tests){found}")
+    return tests[0]
+
+
+def _find_resolver(fusion_tree: ast.Module, version) -> tuple[ast.FunctionDef, ast.If, ast.BoolOp] | None:
+    """The function of flashinfer_comm_fusion that raises unless the GPU is SM90/SM10x (0.5.14+: _resolve_backend),
+    its ``if not (<sm90> or <sm100>): raise``, and that test; None before 0.5.14 where there is none."""
+    found = []
+    for func in fusion_tree.body:
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        for stmt in ast.walk(func):
+            test = stmt.test if isinstance(stmt, ast.If) else None
+            if (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.BoolOp)
+                    and _capability_tests(test.operand) == [test.operand]
+                    and any(isinstance(s, ast.Raise) for s in stmt.body)):
+                found.append((func, stmt, test.operand))
+    if len(found) > 1:
+        raise Drift(f"{FUSION}: {len(found)} places refuse non-SM90/SM10x GPUs: "
+                    + ", ".join(f.name for f, _, _ in found))
+    if not found:
+        if _since(version, RESOLVER_SINCE) or _function(fusion_tree, RESOLVER) is not None:
+            raise Drift(f"{FUSION} has no `if not (<sm90> or <sm100>): raise` (every covered release from "
+                        f"{RESOLVER_SINCE} has one, in {RESOLVER})")
+        return None
+    func, stmt, test = found[0]
+    if not (len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Raise)):
+        raise Drift(f"{FUSION}.{func.name}: the SM90/SM10x check does not just raise")
+    args = [a.arg for a in func.args.args + func.args.kwonlyargs]
+    missing = [name for name in ("backend", "is_multi_node") if name not in args]
+    if missing:
+        raise Drift(f"{FUSION}.{func.name}({', '.join(args)}) does not take {' and '.join(missing)}, which the "
+                    "inserted code reads")
+    return func, stmt, test
+
+
+def _resolver_edits(resolver, edits: _Edits) -> None:
+    """Admit SM120 in the resolver, and keep a backend it could run off (not failing) when a condition is missing."""
+    _, stmt, capability = resolver
+    edits.insert_at(capability.end_lineno, capability.end_col_offset, f" or {HELPER}()")
+    edits.insert_lines(stmt.lineno, RESOLVER_COMMENT + "\n")
+    edits.insert_lines(stmt.body[0].lineno, RESOLVER_OFF)
+
+
+def _find_preflight(fusion_tree: ast.Module, version) -> tuple[ast.stmt, ast.stmt] | None:
+    """From 0.5.11: the first and last statement of the multicast rounding in the preflight loop; None before."""
+    users = sorted({f.name for f in fusion_tree.body if isinstance(f, ast.FunctionDef)
+                    and any(isinstance(n, ast.Attribute) and n.attr == "cuMulticastGetGranularity"
+                            for n in ast.walk(f))})
+    if not users:
+        if _function(fusion_tree, PREFLIGHT_SIZES) is not None:
+            return None  # the preflight no longer asks for multicast: nothing there to patch
+        if _since(version, PREFLIGHT_SINCE):
+            raise Drift(f"{FUSION}.{PREFLIGHT_SIZES} is missing (every covered release from {PREFLIGHT_SINCE} has "
+                        "it)")
+        return None
+    if users != [PREFLIGHT_SIZES]:
+        raise Drift(f"{FUSION}: the multicast query is in {', '.join(users)}, not only in {PREFLIGHT_SIZES}")
+    loops = [n for n in ast.walk(_function(fusion_tree, PREFLIGHT_SIZES)) if isinstance(n, ast.For)]
+    for loop in loops:
+        body = loop.body
+        start = next((i for i, s in enumerate(body) if "CUmulticastObjectProp" in ast.unparse(s)), None)
+        end = next((i for i, s in enumerate(body)
+                    if ast.unparse(s) == "allocation_size = ceil_align(allocation_size, mc_granularity)"), None)
+        if start is None or end is None or end < start:
+            continue
+        if any("mc_" in ast.unparse(s) for s in body[end + 1:]):
+            raise Drift(f"{FUSION}.{PREFLIGHT_SIZES} uses the multicast values after rounding to them")
+        return body[start], body[end]
+    raise Drift(f"{FUSION}.{PREFLIGHT_SIZES}: no loop rounding allocation_size to mc_granularity")
+
+
+def _sm120_probe(tree: SourceTree) -> tuple[str, str]:
+    """(what the helper reads, the body of _sglang_pcie_is_sm120) for this tree; Drift naming what is missing."""
+    if tree.defines(RUNTIME_CONTEXT, "get_platform"):
+        problem = _platform_fact_problem(tree, SM120_FACT)
+        if problem:
+            raise Drift(problem)
+        return f"get_platform().{SM120_FACT}", IS_SM120_BY_PLATFORM
+    if tree.defines(UTILS, SM120_PROBE):
+        return f"{UTILS}.{SM120_PROBE}", IS_SM120_BY_PROBE
+    raise Drift(f"{UTILS}.{SM120_PROBE} is missing (and there is no {RUNTIME_CONTEXT}.get_platform): the inserted "
+                "helper asks it whether the GPU is SM12x")
+
+
+def _platform_fact_problem(tree: SourceTree, fact: str) -> str | None:
+    """None when ``get_platform().<fact>`` answers in this tree: the platform class defines it, or a table of
+    the module maps it to a probe that ``sglang.srt.utils.common`` defines (0.5.19+)."""
+    where = tree.origin(RUNTIME_CONTEXT, "get_platform")[0]  # runtime_context, or the module it re-exports from
+    for node in ast.walk(tree.tree(where)):
+        if isinstance(node, ast.ClassDef) and "Platform" in node.name and fact in _class_members(node):
+            return None
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value == fact:
+                    probe = value.value if isinstance(value, ast.Constant) else None
+                    if isinstance(probe, str) and not tree.defines(UTILS_COMMON, probe):
+                        return (f"{where}: the platform answers {fact} through {UTILS_COMMON}.{probe}, "
+                                "which is missing")
+                    return None
+    return (f"{where}.get_platform() has no {fact} fact, which the inserted helper reads (every covered "
+            "release with get_platform has it)")
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """Names a class body defines: methods, properties, class attributes."""
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def _flashinfer_entry_points(fusion_tree: ast.Module) -> tuple[str, ...]:
+    """What the release calls on flashinfer.comm, under whatever names it imports or keeps it (`comm`,
+    `_flashinfer_comm = comm`, `flashinfer.comm.X`)."""
+    aliases = set()
+    for node in ast.walk(fusion_tree):
+        if isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.name == "flashinfer.comm" and a.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module == "flashinfer" and not node.level:
+            aliases.update(a.asname or a.name for a in node.names if a.name == "comm")
+    while True:  # names the module keeps it under: `_flashinfer_comm = comm`
+        kept = {t.id for node in ast.walk(fusion_tree) if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Name) and node.value.id in aliases
+                for t in node.targets if isinstance(t, ast.Name)} - aliases
+        if not kept:
+            break
+        aliases |= kept
+    names = {n.attr for n in ast.walk(fusion_tree) if isinstance(n, ast.Attribute)
+             and ((isinstance(n.value, ast.Name) and n.value.id in aliases)
+                  or ast.unparse(n.value) == "flashinfer.comm")}
+    if not names:
+        raise Drift(f"{FUSION} calls nothing on flashinfer.comm")
+    return tuple(sorted(names))
+
+
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if len(found) > 1:
+        raise Drift(f"{name} is defined {len(found)} times")
+    return found[0] if found else None
+
+
+def _top_level_import_of(tree: SourceTree, module: str, module_tree: ast.Module, imported: str) -> ast.stmt | None:
+    """The first top-level ``from <imported> import ...`` (relative or not) or ``import <imported>`` of a module."""
+    for node in module_tree.body:
+        if isinstance(node, ast.ImportFrom) and tree.absolute(module, node) == imported:
+            return node
+        if isinstance(node, ast.Import) and any(a.name == imported for a in node.names):
+            return node
+    return None
+
+
+def _first_definition_line(tree: ast.Module, lines: list[str]) -> int:
+    """Line of the module's first top-level def/class, moved up over its decorators and the comments above it."""
+    first = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    line = min([first.lineno] + [d.lineno for d in first.decorator_list])
+    while line > 1 and lines[line - 2].lstrip().startswith("#"):
+        line -= 1
+    return line
+
+
+class _Edits:
+    """Insertions into a source text by (1-based) line and column, applied bottom-up so positions stay valid."""
+
+    def __init__(self, text: str):
+        self.lines = text.splitlines(keepends=True)
+        self._edits = []  # (line, order, column, kind, payload); order: same-line edits before inserted lines
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._edits)
+
+    def insert_at(self, line: int, column: int, text: str):
+        """Insert ``text`` at an ast position (``column`` counts UTF-8 bytes, as ast does)."""
+        self._edits.append((line, 1, column, "at", text))
+
+    def insert_lines(self, before: int, text: str):
+        """Insert lines before line ``before``, indented as it is now; ``text`` is written unindented."""
+        target = self.lines[before - 1] if before <= len(self.lines) else ""
+        indent = target[:len(target) - len(target.lstrip())] if target.strip() else ""
+        lines = [indent + line if line.strip() else line for line in text.splitlines(keepends=True)]
+        self._edits.append((before, 0, 0, "lines", lines))
+
+    def indent(self, first: int, last: int):
+        self._edits.append((first, 1, -1, "indent", last))
+
+    def text(self) -> str:
+        lines = list(self.lines)
+        for line, _, column, kind, payload in sorted(self._edits, key=lambda e: e[:3], reverse=True):
+            i = line - 1
+            if kind == "at":
+                raw = lines[i].encode()
+                lines[i] = (raw[:column] + payload.encode() + raw[column:]).decode()
+            elif kind == "indent":
+                for j in range(i, payload):
+                    lines[j] = "    " + lines[j] if lines[j].strip() else lines[j]
+            else:
+                lines[i:i] = payload
+        return "".join(lines)
+
+
+# -- the runtime side: the same text, compiled into the live modules
+
+@functools.lru_cache(maxsize=4)
+def _rewrite_installed(root: Path) -> tuple[str, str, dict[str, str]]:
+    try:
+        return _rewrite(SourceTree(root))
+    except Drift as exc:
+        return DRIFTED, str(exc), {}
+
+
+def _install(module: ModuleType, old_source: str, new_source: str) -> Result:
+    """Make ``module`` run ``new_source``'s version of what the rewrite changed; all-or-nothing."""
+    name, file = module.__name__, module.__file__
+    changed, added = _top_level_changes(old_source, new_source)
+    if any(is_patched(module.__dict__.get(n), PATCH_ID) for n in changed + _function_names(added)):
+        return Result(APPLIED, "already applied in this process")
+    patched_name = f"{file} (patched by sglang-pcie {PATCH_ID})"
+    old_code = compile(old_source, file, "exec", dont_inherit=True)
+    new_code = compile(new_source, patched_name, "exec", dont_inherit=True)
+    functions = {}
+    for func_name in changed:
+        func = module.__dict__.get(func_name)
+        if not isinstance(func, FunctionType):
+            raise Drift(f"{name}.{func_name} is not a function in this process")
+        if func.__code__ != _code_of(old_code, func_name):
+            raise Drift(f"{name}.{func_name} in memory is not the one in {file} (changed by someone else?)")
+        functions[func] = _code_of(new_code, func_name)
+    # New functions take their code from the whole new module too: the compiler's output depends on the module
+    # around a function (e.g. `logging.getLogger` compiles differently where `logging` is imported at top level),
+    # and the code must be the very code the diffed file compiles to.
+    new_functions = {}
+    for node in added:
+        if isinstance(node, ast.FunctionDef):
+            if node.decorator_list or node.args.defaults or node.args.kw_defaults:
+                raise Drift(f"{node.name}: the runtime patch defines plain functions only")
+            new_functions[node.name] = _code_of(new_code, node.name)
+        elif isinstance(node, ast.ImportFrom) and not hasattr(sys.modules.get(node.module), HELPER):
+            raise Drift(f"{node.module} does not define {HELPER} (its patch did not apply)")
+    statements = [node for node in added if not isinstance(node, ast.FunctionDef)]
+    statements_code = compile(ast.Module(body=statements, type_ignores=[]), patched_name, "exec", dont_inherit=True)
+    # Nothing fails from here on: define the helper (or import it), then swap the code.
+    exec(statements_code, module.__dict__)
+    for func_name, code in new_functions.items():
+        module.__dict__[func_name] = mark(FunctionType(code, module.__dict__, func_name), PATCH_ID)
+    for func, code in functions.items():
+        func.__code__ = code
+        mark(func, PATCH_ID)
+    # Tracebacks and inspect.getsource() of the swapped code show the patched text.
+    linecache.cache[patched_name] = (len(new_source), None, new_source.splitlines(keepends=True), patched_name)
+    return Result(APPLIED, f"patched {', '.join(changed) or 'nothing'}; defined {', '.join(_names(added))}")
+
+
+def _top_level_changes(old_source: str, new_source: str) -> tuple[list[str], list[ast.stmt]]:
+    """(names of top-level functions whose body differs, top-level statements only in the new source)."""
+    old_nodes = ast.parse(old_source).body
+    old_dumps = [ast.dump(n) for n in old_nodes]
+    old_functions = {n.name for n in old_nodes if isinstance(n, ast.FunctionDef)}
+    changed, added = [], []
+    for node in ast.parse(new_source).body:
+        dump = ast.dump(node)
+        if dump in old_dumps:
+            old_dumps.remove(dump)
+        elif isinstance(node, ast.FunctionDef) and node.name in old_functions:
+            changed.append(node.name)
+        else:
+            added.append(node)
+    if len(old_dumps) != len(changed):
+        raise Drift("the rewrite removed top-level statements, which the runtime patch cannot do")
+    return changed, added
+
+
+def _code_of(module_code: CodeType, name: str) -> CodeType:
+    found = [c for c in module_code.co_consts if isinstance(c, CodeType) and c.co_name == name]
+    if len(found) != 1:
+        raise Drift(f"{name} is compiled {len(found)} times in {module_code.co_filename}")
+    return found[0]
+
+
+def _defined_names(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.ImportFrom):
+        return [a.asname or a.name for a in node.names]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return []
+
+
+def _names(nodes: list[ast.stmt]) -> list[str]:
+    return [n for node in nodes for n in _defined_names(node)]
+
+
+def _function_names(nodes: list[ast.stmt]) -> list[str]:
+    """Functions the added statements define or import (the helper), which the patch marks."""
+    return [n for node in nodes if isinstance(node, (ast.FunctionDef, ast.ImportFrom)) for n in _defined_names(node)]

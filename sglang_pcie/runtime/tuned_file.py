@@ -1,0 +1,249 @@
+"""The tuned NCCL profile: the file ``sglang-pcie tune-nccl`` writes, and how the launcher reads it back (the
+winner rule itself is the tool's: ``sglang_pcie.tools.nccl_verdict``).
+
+The launcher reads the file when ``sglang`` is imported, so reading it stays cheap: one small JSON file, NVML
+(already probed by ``nccl.decide``) and a directory listing for the NCCL version. No CUDA, no torch, no
+``importlib.metadata`` (50 ms in a full SGLang environment, against under 1 ms for the listing).
+
+A file applies only where it was measured: the same GPUs (UUIDs, so the same machine and the same
+``CUDA_VISIBLE_DEVICES`` selection), the same NVLink / peer-to-peer links, the same installed NCCL, the same
+transport switches (``NCCL_P2P_DISABLE`` ...). Anything else reads as a mismatch and nothing from the file is
+applied: values measured elsewhere can be slower than NCCL's defaults (the fixed PCIe profile made prefill-sized
+all-reduces 5-29x slower on 2 x H200).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from sglang_pcie.runtime.settings import PCIE_PROFILE
+
+TUNED_FILE_VAR = "SGLANG_PCIE_TUNED_FILE"
+# 2: prefill sizes measured, per-size noise rule, GPU UUIDs in the fingerprint, the PCIe-IPC all-reduce section.
+# A format-1 file was judged on decode sizes only, so it is not used.
+FORMAT = 2
+# Variables that change which path NCCL's traffic takes. They are part of the fingerprint because a profile
+# measured with peer-to-peer off is no evidence for a server run with it on, and the other way round. The sweep
+# never sets them; it measures with whatever the environment has.
+TRANSPORT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE")
+FINGERPRINT_FIELDS = ("gpus", "gpu_uuids", "nvlink", "p2p", "nccl", "transport_env")
+
+
+
+# The profiles tune-nccl measures, and so the only values a tuned file can carry (validate_config). Kept to what
+# fits the time goal (the whole sweep under 3 minutes on 2 GPUs: about 8 s per
+# profile, mostly process start, torch import and NCCL init). NCCL_NVLS_ENABLE is never among them.
+CANDIDATES = {
+    "default": {},
+    "pcie": dict(PCIE_PROFILE),
+    "proto-LL": {"NCCL_PROTO": "LL"},
+    "proto-LL128": {"NCCL_PROTO": "LL128"},
+    "proto-Simple": {"NCCL_PROTO": "Simple"},
+    "algo-Ring": {"NCCL_ALGO": "Ring"},
+    # Crashed CUDA-graph capture at server start on one machine: a failure here just drops it.
+    "algo-Tree": {"NCCL_ALGO": "Tree"},
+    "ring-LL": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"},
+    "channels-2": {"NCCL_MIN_NCHANNELS": "2", "NCCL_MAX_NCHANNELS": "2"},
+    "channels-4": {"NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "4"},
+    "LL-channels-2": {"NCCL_PROTO": "LL", "NCCL_MIN_NCHANNELS": "2", "NCCL_MAX_NCHANNELS": "2"},
+    "buffsize-128k": {"NCCL_BUFFSIZE": "131072"},
+    "p2p-level-sys": {"NCCL_P2P_LEVEL": "SYS"},
+}
+
+
+def warn(message: str) -> None:
+    sys.stderr.write(f"sglang-pcie: {message}\n")
+
+
+def config_path(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    explicit = env.get(TUNED_FILE_VAR, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    base = env.get("XDG_CONFIG_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "sglang-pcie" / "nccl-tuned.json"
+
+
+def installed_distributions(prefix: str, paths: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """(distribution, version, folder) of every ``<prefix>*-<version>.dist-info`` folder on ``paths`` (default
+    sys.path), in path order: what is installed, known from a directory listing, without importing anything."""
+    found = []
+    for entry in sys.path if paths is None else paths:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            # nvidia_nccl_cu12-2.27.5.dist-info
+            if name.startswith(prefix) and name.endswith(".dist-info") and "-" in name:
+                dist, version = name[: -len(".dist-info")].split("-", 1)
+                found.append((dist.replace("_", "-"), version, entry or "."))
+    return found
+
+
+def installed_nccl() -> str | None:
+    """The NCCL pip distribution(s) on sys.path, e.g. ``nvidia-nccl-cu12==2.27.5``; None when there is none.
+
+    PyTorch's CUDA wheels and SGLang load libnccl from this distribution, so its version is the NCCL the
+    server will run, known without loading the library or initialising CUDA. A system-wide or statically
+    linked NCCL is not seen (None on both sides still matches).
+    """
+    found = {f"{dist}=={version}" for dist, version, _ in installed_distributions("nvidia_nccl_cu")}
+    return ",".join(sorted(found)) or None
+
+
+def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | None = None) -> dict:
+    """What a tuned profile depends on. ``topology`` is an ``nccl.Topology`` of the GPUs this process uses (so
+    CUDA_VISIBLE_DEVICES is part of it); ``nccl`` defaults to installed_nccl()."""
+    env = os.environ if environ is None else environ
+    return {
+        "gpus": list(topology.gpu_names),
+        "gpu_uuids": list(getattr(topology, "uuids", []) or []),
+        "nvlink": topology.nvlink,
+        "p2p": topology.p2p,
+        "nccl": installed_nccl() if nccl is None else nccl,
+        "transport_env": {name: env[name] for name in TRANSPORT_VARS if name in env},
+    }
+
+
+def fingerprint_differences(recorded: dict, here: dict) -> list[str]:
+    return [f"{key} {recorded.get(key)!r} here {here.get(key)!r}"
+            for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
+
+
+def describe_machine(fp: dict) -> str:
+    gpus = fp.get("gpus") or []
+    models = ", ".join(sorted(set(gpus))) or "no GPU"
+    links = f"nvlink={fp.get('nvlink')}, p2p={fp.get('p2p')}"
+    extra = "".join(f", {k}={v}" for k, v in sorted((fp.get("transport_env") or {}).items()))
+    return f"{len(gpus)} x {models} ({links}{extra}), NCCL {fp.get('nccl')}"
+
+
+def validate_config(config) -> str | None:
+    """Why ``config`` (parsed JSON) is not a usable tuned file; None when it is."""
+    if not isinstance(config, dict):
+        return "not a JSON object"
+    if config.get("format") != FORMAT:
+        old = isinstance(config.get("format"), int) and config["format"] < FORMAT
+        return (f"format {config.get('format')!r} is not {FORMAT}"
+                + (" (written by an older tune-nccl that measured decode sizes only: run sglang-pcie tune-nccl"
+                   " again)" if old else ""))
+    fp = config.get("fingerprint")
+    if not isinstance(fp, dict) or any(key not in fp for key in FINGERPRINT_FIELDS):
+        return f"fingerprint must hold {', '.join(FINGERPRINT_FIELDS)}"
+    values = config.get("values")
+    if not isinstance(values, dict):
+        return "values must be an object of NCCL variables"
+    for key, value in values.items():
+        # The sweep keeps NVLink multicast as the environment has it; a file that switches it is not ours.
+        if not (isinstance(key, str) and key.startswith("NCCL_") and key != "NCCL_NVLS_ENABLE"
+                and isinstance(value, str)):
+            return f"values: {key!r}={value!r} is not an NCCL variable the tuner sets"
+    ipc = config.get("ipc")
+    if ipc is not None:
+        if not isinstance(ipc, dict):
+            return "ipc must be an object"
+        numel = ipc.get("max_numel")
+        if numel is not None and not (isinstance(numel, int) and not isinstance(numel, bool) and numel > 0):
+            return f"ipc.max_numel {numel!r} is not a positive integer"
+    return None
+
+
+@dataclass
+class TunedFile:
+    """The tuned file as one decision read it."""
+    path: Path
+    config: dict | None  # parsed and valid; None when absent or unusable
+    problem: str | None  # why the file at ``path`` is unusable (None: usable, or simply absent)
+    error: str | None  # the same for the user, one line naming the variable; also a named file that is absent
+
+
+def read_named(environ: Mapping[str, str] | None = None) -> TunedFile:
+    """The file SGLANG_PCIE_TUNED_FILE names (or the default path), read once. A named file that is missing,
+    unreadable or malformed, and a malformed file at the default path, give ``error``; no file at the default path
+    is simply no result."""
+    from sglang_pcie.runtime.settings import shown
+
+    env = os.environ if environ is None else environ
+    raw = env.get(TUNED_FILE_VAR, "")
+    path = config_path(env)
+    config, problem = read_config(path)
+    said = problem
+    if raw.strip():
+        name = f"{TUNED_FILE_VAR}={shown(raw)}"
+        if config is None and problem is None:
+            said = f"no such file {path}"
+    else:
+        name = f"{TUNED_FILE_VAR} (unset: the default {path})"
+    return TunedFile(path, config, problem, f"{name}: {said}; nothing applied from it" if said else None)
+
+
+def read_config(path: Path) -> tuple[dict | None, str | None]:
+    """(config, None), or (None, why not). A missing file is (None, None)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read tuned NCCL file {path}: {exc}"
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        return None, f"tuned NCCL file {path} is not valid JSON ({exc})"
+    problem = validate_config(config)
+    if problem:
+        return None, f"tuned NCCL file {path} is not usable: {problem}"
+    return config, None
+
+
+def matching_config(topology, tuned: TunedFile, explicit: bool,
+                    environ: Mapping[str, str] | None = None) -> tuple[dict | None, str]:
+    """(the tuned file's config, reason) when one exists and was measured on these GPUs, else (None, reason).
+
+    Its ``values`` may be {}: the sweep found nothing faster than NCCL's defaults, and that is a result too.
+    With ``explicit`` (the user asked for ``SGLANG_PCIE_NCCL_PROFILE=tuned``) a missing or non-matching file
+    says so in one warning line. A corrupt or unreadable file is ``tuned.error`` (one line naming
+    SGLANG_PCIE_TUNED_FILE, warned by the deciding process and an error in the CLI), so it is only the reason
+    here; this function never raises.
+    """
+    label = "SGLANG_PCIE_NCCL_PROFILE=tuned" if explicit else "auto"
+    try:
+        path, config = tuned.path, tuned.config
+        problem = tuned.problem
+        if problem:
+            return None, f"{label}: {problem}"
+        if config is None:
+            reason = f"{label}: no tuned NCCL file at {path} (run sglang-pcie tune-nccl)"
+            if explicit:
+                warn(f"{reason}; no NCCL profile applied")
+            return None, reason
+        recorded = config["fingerprint"]
+        differences = fingerprint_differences(recorded, fingerprint(topology, environ))
+        if differences:
+            reason = (f"{label}: tuned NCCL file {path} was measured on another setup"
+                      f" ({'; '.join(differences)}): not applied")
+            if explicit:
+                warn(f"{reason}; no NCCL profile applied (re-run sglang-pcie tune-nccl here)")
+            return None, reason
+        values = config["values"]
+        what = " ".join(f"{k}={v}" for k, v in sorted(values.items())) or "nothing (NCCL defaults were fastest)"
+        return config, (f"{label}: tuned NCCL file {path} matches these GPUs"
+                        f" ({describe_machine(recorded)}); winner {config.get('winner', '?')}: {what}")
+    except Exception as exc:  # reading a profile must never break SGLang's import
+        warn(f"tuned NCCL profile not applied: {type(exc).__name__}: {exc}")
+        return None, f"{label}: tuned NCCL profile not applied ({type(exc).__name__}: {exc})"
+
+
+def write_config(path: Path, config: dict) -> None:
+    """Atomically, so that a launcher reading the file never sees half of it."""
+    problem = validate_config(config)
+    if problem:
+        raise ValueError(f"refusing to write an unusable tuned file: {problem}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)

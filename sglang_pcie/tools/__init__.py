@@ -1,0 +1,1 @@
+"""The tools wing: the ``sglang-pcie`` commands. Never imported inside a server process."""

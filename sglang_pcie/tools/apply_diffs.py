@@ -1,0 +1,55 @@
+"""``sglang-pcie apply-diffs``: the versioned diffs applied to (or removed from) an SGLang tree, all or nothing."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sglang_pcie.patching.diffs import ALREADY, DiffError, apply_release_diffs
+from sglang_pcie.patching.source import SourceTree, installed_sglang_root
+from sglang_pcie.tools.command import Command, UsageError
+
+EPILOG = ("A patch's diff is applied where verify-patches says applicable, skipped where it says applied, removed "
+          "(--reverse) where it says applied; anything else refuses. Exit status: 0 when every diff it needs was "
+          "applied (or removed), or already was; 1 when a patch refused (nothing was changed); 2 for bad usage, "
+          "no sglang package there, or no diffs for its release.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", metavar="DIR", help="folder holding the sglang package (default: the installed one)")
+    p.add_argument("--dry-run", action="store_true", help="check that every diff applies; change nothing")
+    p.add_argument("--reverse", action="store_true", help="remove the diffs instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.target) if args.target else installed_sglang_root()
+    if root is None:
+        raise UsageError("no sglang installed here; use --target DIR (the folder holding the sglang package)")
+    try:
+        tree = SourceTree(root)
+        result = apply_release_diffs(tree, reverse=args.reverse, dry_run=args.dry_run)
+    except (ValueError, DiffError) as exc:
+        raise UsageError(str(exc)) from None
+    where = f"sglang {result.version} in {result.root}"
+    if result.refused:  # one line per refusing patch, naming its status; nothing was written
+        for step in result.refused:
+            print(f"sglang-pcie: refused: {step.line()}", file=sys.stderr)
+        print(f"sglang-pcie: apply-diffs changed nothing in {result.root}", file=sys.stderr)
+        return 1
+    changing = result.changing
+    if changing:
+        verb = ("would remove" if result.dry_run else "removed") if result.reverse else (
+            "would apply" if result.dry_run else "applied")
+        print(f"{verb} {len(changing)} diff(s) for {where}: {', '.join(s.patch_id for s in changing)}")
+    elif any(step.action == ALREADY for step in result.steps):
+        print(f"already applied: {where} carries every diff it needs")
+    else:
+        print(f"nothing to {'remove' if result.reverse else 'apply'} for {where}")
+    for step in result.steps:
+        if step not in changing:
+            print(f"  {step.line()}")
+    return 0
+
+
+COMMAND = Command("apply-diffs", "apply the versioned diffs to an SGLang source tree, all or nothing", add_arguments,
+                  run, epilog=EPILOG, error_prefix="sglang-pcie")

@@ -1,0 +1,33 @@
+"""What several commands share: exit codes, argument checks, process and log helpers."""
+from __future__ import annotations
+
+import os
+
+USAGE_ERROR = 2
+
+
+def tail_lines(path, max_bytes: int = 64 * 1024) -> list[str]:
+    """The lines of the last ``max_bytes`` of a log file (a server's or a worker's stderr, which NCCL_DEBUG=INFO can
+    make large), decoded leniently; [] when it cannot be read. The first line may be cut."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def settings_or_errors():
+    """This process's settings, and every error in them (printed, one line each, as the CLI's usage errors):
+    bad values, and patch ids SGLANG_PCIE_DISABLE_PATCHES names that the register does not have."""
+    import sys
+
+    from sglang_pcie.patching import register
+    from sglang_pcie.runtime.settings import load_settings, unknown_patch_ids
+
+    settings = load_settings()
+    errors = settings.errors + list(filter(None, [unknown_patch_ids(settings, register.ids())]))
+    for error in errors:
+        print(f"sglang-pcie: error: {error}", file=sys.stderr)
+    return settings, errors

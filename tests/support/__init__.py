@@ -1,0 +1,7 @@
+"""What the tests share, and the benchmarks reuse: the fakes that stand in for a server, an NCCL worker and the CUDA
+driver, throw-away environments, and the paths of this checkout."""
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+TESTS = SUPPORT.parent
+REPO = TESTS.parent

@@ -1,0 +1,103 @@
+"""The test infrastructure itself: real SGLang installs whose CUDA modules import on this CPU-only machine
+through the stub libcuda, with this checkout installed and activated by ``import sglang``."""
+from __future__ import annotations
+
+import ctypes
+import json
+
+import pytest
+
+from support import cuda_stub
+
+# The modules our patches target, per release (the layer-boundary refactor moved the residual norm in 0.5.23;
+# the v1 EAGLE worker is gone by then).
+TARGET_MODULES = {
+    "0.5.9": ["sglang.srt.layers.communicator", "sglang.srt.layers.flashinfer_comm_fusion",
+              "sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
+              "sglang.srt.models.kimi_k25"],
+    "0.5.23": ["sglang.srt.layers.layer_boundary.residual.add_norm", "sglang.srt.layers.flashinfer_comm_fusion",
+               "sglang.srt.speculative.eagle_worker_v2", "sglang.srt.models.kimi_k25"],
+}
+
+# Imports each module on its own so that one failure does not hide the others.
+IMPORT_REPORT = '''
+import importlib, json, sys
+import sglang
+import sglang_pcie, sglang_pcie.runtime.activate
+errors = {}
+for name in MODULES:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        errors[name] = f"{type(exc).__name__}: {exc}"
+import torch
+print(json.dumps({
+    "sglang_version": sglang.__version__,
+    "import_errors": errors,
+    "cuda_available": torch.cuda.is_available(),
+    "sgl_kernel_loaded": "sgl_kernel" in sys.modules,
+    "sglang_pcie_file": sglang_pcie.__file__,
+    "prefix": sys.prefix,
+    "overlay_activated": sglang_pcie.runtime.activate._activated,
+}))
+'''
+
+
+@pytest.fixture(scope="module", params=sorted(TARGET_MODULES))
+def import_report(request, sglang_env):
+    """One child run per release; the tests below read its report."""
+    env = sglang_env(request.param)
+    modules = TARGET_MODULES[request.param]
+    proc = env.run(f"MODULES = {modules!r}\n{IMPORT_REPORT}")
+    assert proc.returncode == 0, f"child failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["stderr_tail"] = proc.stderr[-4000:]
+    return request.param, report
+
+
+def test_patch_target_modules_import_on_cpu(import_report):
+    version, report = import_report
+    assert report["sglang_version"] == version
+    assert report["import_errors"] == {}
+    assert report["cuda_available"] is False
+    # sgl_kernel's extension links libcuda: loaded means the stub stood in for the driver.
+    assert report["sgl_kernel_loaded"]
+
+
+def test_overlay_installed_in_env_and_activated_by_import_sglang(import_report):
+    version, report = import_report
+    assert report["sglang_pcie_file"].startswith(report["prefix"] + "/"), "imported a checkout, not the install"
+    assert report["overlay_activated"], report["stderr_tail"]
+
+
+@pytest.mark.parametrize("version", sorted(TARGET_MODULES))
+def test_stub_exports_every_driver_symbol_the_env_needs(sglang_env, version):
+    env = sglang_env(version)
+    wanted = cuda_stub.undefined_driver_symbols(cuda_stub.shared_objects(cuda_stub.site_packages(env.python)))
+    assert "cuInit" in cuda_stub.exported_symbols(env.stub_dir)
+    assert wanted - cuda_stub.exported_symbols(env.stub_dir) == set()
+
+
+def test_stub_answers_no_device(sglang_env):
+    stub = ctypes.CDLL(str(sglang_env("0.5.9").stub_dir / "libcuda.so.1"))
+    version = ctypes.c_int(-1)
+    assert stub.cuInit(0) == cuda_stub.CUDA_ERROR_NO_DEVICE
+    assert stub.cuDriverGetVersion(ctypes.byref(version)) == cuda_stub.CUDA_ERROR_NO_DEVICE and version.value == 0
+    function = ctypes.c_void_p(1)
+    assert stub.cuGetProcAddress_v2(b"cuInit", ctypes.byref(function), 12000, 0, None) == cuda_stub.CUDA_ERROR_NO_DEVICE
+    assert function.value is None
+    text = ctypes.c_char_p()
+    assert stub.cuGetErrorString(100, ctypes.byref(text)) == 0 and b"no CUDA-capable device" in text.value
+
+
+def test_child_environment_is_hermetic(sglang_env, monkeypatch):
+    for name in ("SGLANG_PCIE_NCCL_PROFILE", "EAGLE3_PROFILE", "NCCL_ALGO", "PYTHONPATH"):
+        monkeypatch.setenv(name, "from-the-outer-shell")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/outer/lib")
+    monkeypatch.setenv("HOME_LIKE_SETTING", "kept")
+    env = sglang_env("0.5.9")
+    child = env.env({"NCCL_PROTO": "LL", "HOME_LIKE_SETTING": None})
+    assert not {"SGLANG_PCIE_NCCL_PROFILE", "EAGLE3_PROFILE", "NCCL_ALGO", "PYTHONPATH"} & child.keys()
+    assert child["NCCL_PROTO"] == "LL" and "HOME_LIKE_SETTING" not in child
+    assert child["LD_LIBRARY_PATH"] == f"{env.stub_dir}:/outer/lib"
+    assert env.env()["HOME_LIKE_SETTING"] == "kept"

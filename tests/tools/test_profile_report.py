@@ -1,0 +1,185 @@
+"""sglang-pcie profile-report: JSON lines and server logs, runs, malformed records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sglang_pcie.tools.cli import main as cli_main
+
+from support.eagle_records import META, interval_stats
+
+from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.tools import profile_report
+
+RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
+               "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
+               "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
+               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
+               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
+               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
+               "projected_speedup", "syncs", "unfinished_at_exit"}
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def _write_run(path, records):
+    path.write_text("".join(ep.to_json(r) + "\n" for r in records))
+
+
+def _interval(cycle, verify, accept, cycles, baseline=None, run="20261130T100000Z-42", started=1796032800.0,
+              timed=None, wall_cycle_ms=None):
+    timed = cycles if timed is None else timed
+    stats = interval_stats([(1.0, verify, 0.25, cycle)] * timed, decode_cycles=cycles, batch_size=1, tokens=accept,
+                   wall_cycle_ms=wall_cycle_ms or cycle * 1.25)
+    return stats.record(baseline_ms=baseline, **{**META, "run_id": run, "run_started": started})
+
+
+def test_report_from_json_lines(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    _write_run(run, [_interval(20.0, 18.0, 2, 100, baseline=12.0, timed=10, wall_cycle_ms=25.0),
+                     _interval(24.0, 22.0, 1, 300, baseline=12.0, timed=30, wall_cycle_ms=25.0)])
+    assert cli_main(["profile-report", str(run), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["decode_cycles"] == 400 and summary["intervals"] == 2 and summary["timed_cycles"] == 40
+    assert summary["phases_ms"]["cycle"]["mean"] == pytest.approx(23.0)  # weighted by timed cycles
+    assert summary["accept_length"] == pytest.approx(500 / 400) and summary["accept_length_exact"]
+    assert summary["wall_cycle_ms"] == pytest.approx(25.0) and summary["gpu_busy"] == pytest.approx(23.0 / 25.0)
+    assert summary["tokens_per_s_served"] == pytest.approx(500 / (400 * 0.025))
+    assert summary["phases_sum_ms"] <= summary["cycle_ms"] <= summary["wall_cycle_ms"]
+    assert summary["break_even_accept_length"] == pytest.approx(25.0 / 12.0)
+    assert summary["projected_speedup"] == pytest.approx(1.25 * 12.0 / 25.0)
+    assert summary["run_id"] == "20261130T100000Z-42" and summary["ranks"]["tp_rank"] == [0]
+    assert cli_main(["profile-report", str(run), "--baseline-ms", "20"]) == 0
+    table = capsys.readouterr().out
+    assert "verify" in table and "break-even accept length 1.25" in table
+    assert "speedup over the baseline: 1.00x" in table
+    assert "GPU busy 92%: GPU-bound" in table and "tokens/s served (wall time): 50.0" in table
+
+
+def test_report_separates_runs_newest_by_default(tmp_path, capsys):
+    path = tmp_path / "appended.jsonl"
+    old = [_interval(20.0, 18.0, 2, 100, run="20261129T080000Z-7", started=1795939200.0)] * 2
+    new = [_interval(30.0, 28.0, 3, 50, run="20261130T090000Z-9", started=1796029200.0)]
+    other_rank = [_interval(40.0, 38.0, 1, 10, run="20261130T085959Z-8", started=1796029199.0)]
+    _write_run(path, new + old + other_rank)  # file order is not age order
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    newest = json.loads(capsys.readouterr().out)
+    assert newest["run_id"] == "20261130T090000Z-9" and newest["decode_cycles"] == 50
+    assert cli_main(["profile-report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "newest of 3 runs" in text and "20261129T080000Z-7" in text
+    assert cli_main(["profile-report", str(path), "--run", "20261129T080000Z-7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_cycles"] == 200
+    assert cli_main(["profile-report", str(path), "--all", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["run_id"] for r in runs] == ["20261129T080000Z-7", "20261130T085959Z-8", "20261130T090000Z-9"]
+    assert cli_main(["profile-report", str(path), "--run", "nope"]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_report_from_a_server_log_matches_the_json_lines(tmp_path, capsys):
+    records = [_interval(19.85, 18.67, 2, 200, baseline=13.0, timed=13), _interval(20.0, 18.8, 1, 200, baseline=13.0)]
+    log = tmp_path / "server.log"
+    log.write_text("[2026-01-01 10:00:00 TP0] Decode batch. #running-req: 1\n"
+                   + "".join(f"[2026-01-01 10:00:0{i} TP0] {ep.format_line(r)}\n" for i, r in enumerate(records))
+                   + f"[2026-01-01 10:00:09 TP0] {ep.LOG_PREFIX}: Prometheus export off: ImportError: x\n")
+    jsonl = tmp_path / "run.jsonl"
+    _write_run(jsonl, records)
+    skipped = []
+    from_log = profile_report.summarise(profile_report.read_records(log.read_text().splitlines(), skipped))
+    from_json = profile_report.summarise(profile_report.read_records(jsonl.read_text().splitlines()))
+    assert skipped == []  # the warning line is not a record, and not malformed either
+    for key in ("decode_cycles", "timed_cycles", "tokens", "decode_requests", "baseline_ms", "run_id"):
+        assert from_log[key] == from_json[key], key
+    for key in ("tokens_per_s_served", "wall_cycle_ms", "gpu_busy", "projected_speedup"):
+        assert from_log[key] == pytest.approx(from_json[key], rel=2e-3), key
+    for name in ep.REPORTED:
+        assert from_log["phases_ms"][name]["mean"] == pytest.approx(from_json["phases_ms"][name]["mean"], abs=1e-3)
+
+
+def test_report_reads_schema_1_records_and_log_lines(tmp_path, capsys):
+    v1 = {"schema": "sglang-pcie.eagle3-profile/1", "time": 1.0, "pid": 5, "tp_rank": 0, "worker": "EAGLEWorker",
+          "timer": "cuda", "interval": 200, "decode_cycles": 200, "prefill_cycles": 3, "idle_cycles": 0,
+          "decode_requests": 200, "tokens": 346, "accept_length": 1.73,
+          "phases_ms": {n: {"mean": m, "p50": m, "p90": m, "share": None} for n, m in
+                        (("draft", 0.89), ("verify", 18.67), ("draft_extend", 0.28), ("other", 0.01),
+                         ("cycle", 19.85))},
+          "prefill_ms": None, "tokens_per_s": 87.2, "tokens_per_s_per_request": 87.2, "wall_s": 4.0,
+          "baseline_ms": None, "break_even_accept_length": None, "projected_speedup": None, "syncs": 0}
+    means = (("draft", 0.89), ("verify", 18.67), ("draft_extend", 0.28), ("other", 0.01), ("cycle", 19.85))
+    line = ("sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=200 prefill_cycles=3 idle_cycles=0 | "
+            + " | ".join(f"{n} mean={m:.3f} p50={m:.3f} p90={m:.3f} ms share=n/a" for n, m in means)
+            + " | accept_len=1.73 tokens=346 | tokens/s=87.2 per_request=87.2")
+    path = tmp_path / "old.txt"
+    path.write_text(json.dumps(v1) + "\n" + line + "\n")
+    assert cli_main(["profile-report", str(path), "--all", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["run_id"], r["decode_cycles"], r["timed_cycles"]) for r in runs] == [("pid-5", 200, 200),
+                                                                                     ("log", 200, 200)]
+    assert all(r["accept_length"] == pytest.approx(1.73) for r in runs)
+
+
+MALFORMED = [
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5}', "no phases_ms.cycle"),
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "phases_ms": {"cycle": {"mean": 1}}}', "no decode_cycles"),
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": "many", "phases_ms": {"cycle": {}}}',
+     "decode_cycles='many' is not a number"),
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": "x"}}}',
+     "mean='x' is not a number"),
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5, "phases_ms": {"cycle": 3}}',
+     "no phases_ms.cycle"),
+    ('{"schema": "sglang-pcie.eagle3-profile/3", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
+     "schema sglang-pcie.eagle3-profile/3 is newer than this sglang-pcie reads"),
+    ('{"schema": "sglang-pcie.eagle3-profile/x"}', "has no major number"),
+    ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5', "not valid JSON"),
+    ("[TP0] sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=5 | accept_len=2.00",
+     "without decode_cycles or the cycle phase"),
+]
+
+
+def test_a_malformed_or_newer_record_is_named_in_one_line_and_skipped(tmp_path, capsys):
+    good = _interval(20.0, 18.0, 2, 100)
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(line + "\n" for line, _ in MALFORMED) + ep.to_json(good) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["decode_cycles"] == 100
+    lines = captured.err.splitlines()
+    assert len(lines) == len(MALFORMED) and "Traceback" not in captured.err
+    for number, (line, reason) in enumerate(MALFORMED, 1):
+        assert f"skipped {path}:{number}: " in lines[number - 1] and reason in lines[number - 1], lines[number - 1]
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text("".join(line + "\n" for line, _ in MALFORMED * 2))
+    assert cli_main(["profile-report", str(only_bad)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == profile_report.MAX_SKIP_LINES + 2 and "skipped 8 more records" in err[-2]
+
+
+def test_report_bad_input(tmp_path, capsys):
+    assert cli_main(["profile-report", str(tmp_path / "missing.log")]) == 2
+    assert "missing.log" in capsys.readouterr().err
+    empty = tmp_path / "other.log"
+    empty.write_text("nothing about eagle here\n{\"schema\": \"someone-else/1\"}\n")
+    assert cli_main(["profile-report", str(empty)]) == 1
+    assert "no EAGLE3_PROFILE intervals" in capsys.readouterr().err
+    assert cli_main(["profile-report", str(empty), "--baseline-ms", "0"]) == 2
+    assert "--baseline-ms 0.0 is not a positive number" in capsys.readouterr().err
+    assert cli_main(["profile-report", str(empty), "--baseline-ms", "inf"]) == 2
+
+
+def test_report_help_has_no_raw_markup_and_every_option_is_explained(capsys):
+    assert cli_main(["profile-report", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "`" not in text and "--run ID" in text and "--all" in text
+    for action in subparser("profile-report")._actions:
+        assert action.help, action.option_strings
+
+
+def subparser(name):
+    import argparse
+
+    from sglang_pcie.tools import cli
+
+    action = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
