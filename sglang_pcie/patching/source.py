@@ -48,7 +48,8 @@ class SourceTree:
     def source(self, module: str) -> str | None:
         if module not in self._sources:
             path = self.path(module)
-            self._sources[module] = path.read_text(encoding="utf-8") if path else None
+            # utf-8-sig: a UTF-8 BOM (which Python compiles) is not part of the text
+            self._sources[module] = path.read_text(encoding="utf-8-sig") if path else None
         return self._sources[module]
 
     def tree(self, module: str) -> ast.Module | None:

@@ -135,9 +135,13 @@ class IpcDecision:
     user_set: dict  # IPC variables the user set (kept, and nothing else written)
     reason: str
     on: bool = False  # whether the server will have the IPC path switched on
+    advice: str | None = None  # one line worth printing once per process tree (re-run tune-nccl)
 
     def as_dict(self) -> dict:
-        return {"values": self.values, "user_set": self.user_set, "reason": self.reason, "on": self.on}
+        out = {"values": self.values, "user_set": self.user_set, "reason": self.reason, "on": self.on}
+        if self.advice:
+            out["advice"] = self.advice
+        return out
 
 
 def adapter_missing(sglang: SglangInstall) -> str | None:
@@ -186,11 +190,19 @@ def decide_ipc(requested: str | None, config: dict | None, topology, environ,
         return IpcDecision({}, {}, f"measured faster than NCCL, but SGLang's custom all-reduce takes these"
                                    f" reductions first ({why}): left off, it would never run")
     sglang = sglang or sglang_install()
+    flashinfer = flashinfer or flashinfer_install()
     missing = adapter_missing(sglang)
     if missing is None:
-        missing = kernels_missing(sglang, flashinfer or flashinfer_install())
+        missing = kernels_missing(sglang, flashinfer)
     if missing:
         return IpcDecision({}, {}, f"measured faster than NCCL, but {missing}: left off")
+    if ipc.get("flashinfer") != flashinfer.version:
+        # The measurement was of other kernels (and FlashInfer's own tuning cache changes with them: 0.7.4 keys its
+        # PCIe-IPC entries differently and bumped the cache format), so it says nothing about these.
+        stale = (f"tune-nccl measured the PCIe-IPC all-reduce with FlashInfer {ipc.get('flashinfer')}, and"
+                 f" FlashInfer {flashinfer.version} is installed now")
+        return IpcDecision({}, {}, f"{stale}: left off", advice=f"{stale}: PCIe-IPC all-reduce left off; re-run "
+                                                               "sglang-pcie tune-nccl to measure it again")
     values = {ENABLE_VAR: "1", MAX_NUMEL_VAR: str(max_numel)}
     return IpcDecision(values, {}, (f"tune-nccl measured it faster than NCCL up to {ipc.get('max_tokens')} tokens"
                                     f" x {ipc.get('hidden')} ({max_numel} elements); larger reductions stay on"

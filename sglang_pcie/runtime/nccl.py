@@ -131,6 +131,7 @@ def apply_for_process(settings, environ: MutableMapping[str, str] | None = None)
     if decision.ipc is not None:
         env.update(decision.ipc.values)
     env[DECIDED_VAR] = decision.profile
-    for line in filter(None, (decision.file_error, decision.advice)):
+    ipc_advice = decision.ipc.advice if decision.ipc is not None else None
+    for line in filter(None, (decision.file_error, decision.advice, ipc_advice)):
         sys.stderr.write(f"sglang-pcie: {line}\n")
     return decision

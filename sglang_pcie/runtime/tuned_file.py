@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from sglang_pcie.runtime.bounded_read import Unreadable, read_json
 from sglang_pcie.runtime.settings import PCIE_PROFILE
 
 TUNED_FILE_VAR = "SGLANG_PCIE_TUNED_FILE"
@@ -31,7 +32,6 @@ FORMAT = 2
 # never sets them; it measures with whatever the environment has.
 TRANSPORT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE")
 FINGERPRINT_FIELDS = ("gpus", "gpu_uuids", "nvlink", "p2p", "nccl", "transport_env")
-
 
 
 # The profiles tune-nccl measures, and so the only values a tuned file can carry (validate_config). Kept to what
@@ -53,6 +53,8 @@ CANDIDATES = {
     "buffsize-128k": {"NCCL_BUFFSIZE": "131072"},
     "p2p-level-sys": {"NCCL_P2P_LEVEL": "SYS"},
 }
+# Every variable a candidate sets: removed from tune-nccl's workers so that each profile gets exactly its own.
+TUNABLE_VARS = sorted({name for values in CANDIDATES.values() for name in values})
 
 
 def warn(message: str) -> None:
@@ -124,32 +126,90 @@ def describe_machine(fp: dict) -> str:
 
 
 def validate_config(config) -> str | None:
-    """Why ``config`` (parsed JSON) is not a usable tuned file; None when it is."""
+    """Why ``config`` (parsed JSON) is not a usable tuned file; None when it is.
+
+    An allow-list, not a shape check: the file may set exactly the values of one profile tune-nccl measures (the
+    one it names as winner), its fingerprint holds the types tune-nccl writes, and the PCIe-IPC bound is a measured
+    decode size times the measured hidden size. Anything else rejects the whole file: a file is evidence of a
+    measurement, and nothing else may steer NCCL (no plugin path, no transport switch, no buffer size it never ran).
+    """
     if not isinstance(config, dict):
         return "not a JSON object"
     if config.get("format") != FORMAT:
-        old = isinstance(config.get("format"), int) and config["format"] < FORMAT
+        old = _is_int(config.get("format")) and config["format"] < FORMAT
         return (f"format {config.get('format')!r} is not {FORMAT}"
                 + (" (written by an older tune-nccl that measured decode sizes only: run sglang-pcie tune-nccl"
                    " again)" if old else ""))
-    fp = config.get("fingerprint")
+    return _fingerprint_problem(config.get("fingerprint")) or _values_problem(config) or _ipc_problem(config)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short_strings(items, limit: int = 256) -> bool:
+    return isinstance(items, list) and len(items) <= 1024 and all(
+        isinstance(item, str) and len(item) <= limit for item in items)
+
+
+def _fingerprint_problem(fp) -> str | None:
     if not isinstance(fp, dict) or any(key not in fp for key in FINGERPRINT_FIELDS):
         return f"fingerprint must hold {', '.join(FINGERPRINT_FIELDS)}"
-    values = config.get("values")
+    if not (_short_strings(fp["gpus"]) and _short_strings(fp["gpu_uuids"])):
+        return "fingerprint.gpus and .gpu_uuids must be lists of names"
+    for key in ("nvlink", "p2p"):
+        if fp[key] not in (True, False, None):
+            return f"fingerprint.{key} {fp[key]!r} is not true, false or null"
+    if not (fp["nccl"] is None or (isinstance(fp["nccl"], str) and len(fp["nccl"]) <= 256)):
+        return f"fingerprint.nccl {fp['nccl']!r} is not a distribution name or null"
+    transport = fp["transport_env"]
+    if not isinstance(transport, dict):
+        return "fingerprint.transport_env must be an object"
+    for key, value in transport.items():
+        if key not in TRANSPORT_VARS or not (isinstance(value, str) and len(value) <= 16):
+            return f"fingerprint.transport_env: {key!r}={value!r} is not a transport switch tune-nccl records"
+    return None
+
+
+def _values_problem(config: dict) -> str | None:
+    values, winner = config.get("values"), config.get("winner")
     if not isinstance(values, dict):
         return "values must be an object of NCCL variables"
     for key, value in values.items():
-        # The sweep keeps NVLink multicast as the environment has it; a file that switches it is not ours.
-        if not (isinstance(key, str) and key.startswith("NCCL_") and key != "NCCL_NVLS_ENABLE"
-                and isinstance(value, str)):
-            return f"values: {key!r}={value!r} is not an NCCL variable the tuner sets"
+        if not any(key in profile for profile in CANDIDATES.values()):
+            return f"values: {key!r} is not a variable tune-nccl sets ({', '.join(sorted(TUNABLE_VARS))})"
+        if not isinstance(value, str):
+            return f"values: {key}={value!r} is not a string"
+    if not isinstance(winner, str) or winner not in CANDIDATES:
+        return f"winner {winner!r} is not a profile tune-nccl measures ({', '.join(CANDIDATES)})"
+    if values != CANDIDATES[winner]:
+        shown = " ".join(f"{k}={v}" for k, v in sorted(values.items())) or "nothing"
+        wanted = " ".join(f"{k}={v}" for k, v in sorted(CANDIDATES[winner].items())) or "nothing"
+        return f"values ({shown}) are not those of its winner {winner} ({wanted})"
+    return None
+
+
+def _ipc_problem(config: dict) -> str | None:
     ipc = config.get("ipc")
-    if ipc is not None:
-        if not isinstance(ipc, dict):
-            return "ipc must be an object"
-        numel = ipc.get("max_numel")
-        if numel is not None and not (isinstance(numel, int) and not isinstance(numel, bool) and numel > 0):
-            return f"ipc.max_numel {numel!r} is not a positive integer"
+    if ipc is None:
+        return None
+    if not isinstance(ipc, dict):
+        return "ipc must be an object"
+    numel = ipc.get("max_numel")
+    if numel is None:
+        return None
+    if not (_is_int(numel) and numel > 0):
+        return f"ipc.max_numel {numel!r} is not a positive integer"
+    tokens, largest, hidden = ipc.get("tokens"), ipc.get("max_tokens"), ipc.get("hidden")
+    if not (isinstance(tokens, list) and tokens and all(_is_int(t) and t > 0 for t in tokens)):
+        return "ipc.tokens must list the decode sizes measured"
+    if not (_is_int(largest) and largest in tokens):
+        return f"ipc.max_tokens {largest!r} is not one of the measured decode sizes {tokens}"
+    if not (_is_int(hidden) and hidden > 0) or numel != largest * hidden:
+        return (f"ipc.max_numel {numel} is not the measured bound ipc.max_tokens x ipc.hidden "
+                f"({largest!r} x {hidden!r})")
+    if not (isinstance(ipc.get("flashinfer"), str) and len(ipc["flashinfer"]) <= 64):
+        return "ipc.flashinfer must name the FlashInfer version measured"
     return None
 
 
@@ -183,17 +243,14 @@ def read_named(environ: Mapping[str, str] | None = None) -> TunedFile:
 
 
 def read_config(path: Path) -> tuple[dict | None, str | None]:
-    """(config, None), or (None, why not). A missing file is (None, None)."""
+    """(config, None), or (None, why not). A missing file is (None, None). Bounded (bounded_read): a FIFO, a device,
+    a huge or deeply nested file, or a mount that hangs is one reason, never a hang or a traceback."""
     try:
-        text = path.read_text()
+        config = read_json(path)
     except FileNotFoundError:
         return None, None
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"cannot read tuned NCCL file {path}: {exc}"
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        return None, f"tuned NCCL file {path} is not valid JSON ({exc})"
+    except Unreadable as exc:
+        return None, f"tuned NCCL file {path} {exc}"
     problem = validate_config(config)
     if problem:
         return None, f"tuned NCCL file {path} is not usable: {problem}"

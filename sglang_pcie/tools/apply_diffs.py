@@ -5,12 +5,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from sglang_pcie.patching.diffs import ALREADY, DiffError, apply_release_diffs
+from sglang_pcie.patching.diff_apply import ALREADY, apply_release_diffs
+from sglang_pcie.patching.diffs import DiffError
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 from sglang_pcie.tools.command import Command, UsageError
 
 EPILOG = ("A patch's diff is applied where verify-patches says applicable, skipped where it says applied, removed "
-          "(--reverse) where it says applied; anything else refuses. Exit status: 0 when every diff it needs was "
+          "(--reverse) where it says applied; anything else refuses. A replaced file keeps its mode, owner and UTF-8 "
+          "BOM; --dry-run also checks write permission and space, as the real run does. Exit status: 0 when every diff it needs was "
           "applied (or removed), or already was; 1 when a patch refused (nothing was changed); 2 for bad usage, "
           "no sglang package there, or no diffs for its release.")
 
@@ -19,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="DIR", help="folder holding the sglang package (default: the installed one)")
     p.add_argument("--dry-run", action="store_true", help="check that every diff applies; change nothing")
     p.add_argument("--reverse", action="store_true", help="remove the diffs instead")
+    p.add_argument("--follow-links", action="store_true",
+                   help="where a file to change is a symbolic link, edit the file it points to (by default such a "
+                        "tree is refused, naming the links: the target may be shared with other installs)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no sglang installed here; use --target DIR (the folder holding the sglang package)")
     try:
         tree = SourceTree(root)
-        result = apply_release_diffs(tree, reverse=args.reverse, dry_run=args.dry_run)
+        result = apply_release_diffs(tree, reverse=args.reverse, dry_run=args.dry_run,
+                                     follow_links=args.follow_links)
     except (ValueError, DiffError) as exc:
         raise UsageError(str(exc)) from None
     where = f"sglang {result.version} in {result.root}"

@@ -4,11 +4,12 @@ EAGLE3_PROFILE=1, the release's own methods otherwise."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from support.releases import release_copy
 
 from sglang_pcie.runtime import eagle_profiler as ep
 from sglang_pcie.tools import profile_report
@@ -50,12 +51,11 @@ def test_committed_diffs_are_what_the_patch_generates(pristine_source):
 
 
 def _copy_targets(source_root: Path, dest: Path):
-    for name in ["sglang/__init__.py", "sglang/version.py", "sglang/_version.py",
-                 "sglang/srt/speculative/eagle_worker.py", "sglang/srt/speculative/eagle_worker_v2.py"]:
-        if (source_root / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(source_root / name, dest / name)
-    return SourceTree(dest)
+    """The worker modules of the release in ``source_root`` (a pristine release folder), copied to ``dest``."""
+    version = SourceTree(source_root).version
+    return SourceTree(release_copy(version, dest, only=[
+        "sglang/__init__.py", "sglang/version.py", "sglang/_version.py", "sglang/srt/speculative/eagle_worker.py",
+        "sglang/srt/speculative/eagle_worker_v2.py"]))
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12.post1", "0.5.13", "0.5.23"])

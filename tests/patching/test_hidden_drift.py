@@ -17,6 +17,8 @@ from typing import Callable
 
 import pytest
 
+from support.releases import release_copy
+
 from sglang_pcie.patching.engine import DRIFTED
 from sglang_pcie.patching.matrix import check_tree
 from sglang_pcie.patching.releases import fetch_source
@@ -42,14 +44,7 @@ KIMI = "sglang/srt/models/kimi_k25.py"
 
 
 def copy_release(version: str, dest: Path) -> Path:
-    source = fetch_source(version)
-    for rel in READ_BY_THE_CHECKS:
-        if (source / rel).is_dir():
-            shutil.copytree(source / rel, dest / rel)
-        elif (source / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source / rel, dest / rel)
-    return dest
+    return release_copy(version, dest, only=list(READ_BY_THE_CHECKS))
 
 
 def replace(rel: str, *pairs: tuple[str, str]) -> Callable[[Path], None]:

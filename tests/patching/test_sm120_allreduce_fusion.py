@@ -26,6 +26,7 @@ from sglang_pcie.patching.releases import COVERED_RELEASES, fetch_source
 from sglang_pcie.runtime.settings import load_settings
 
 from support import REPO
+from support.releases import release_copy
 
 OPT_IN_REASON = register.entry(sm120.PATCH_ID).opt_in.off_reason
 GPUS = ("sm90", "sm100", "sm120", "sm89", "none")
@@ -357,14 +358,8 @@ READ_BY_THE_CHECK = ["sglang", "sglang.version", "sglang._version", sm120.RUNTIM
 
 def copy_release(version: str, tmp_path: Path, modules: list[str]) -> SourceTree:
     pristine = SourceTree(fetch_source(version))
-    for module in modules + READ_BY_THE_CHECK:
-        path = pristine.path(module)
-        if path is None:
-            continue
-        target = tmp_path / path.relative_to(pristine.root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target)
-    return SourceTree(tmp_path)
+    paths = [pristine.path(m) for m in modules + READ_BY_THE_CHECK]
+    return SourceTree(release_copy(version, tmp_path, only=[p.relative_to(pristine.root).as_posix() for p in paths if p]))
 
 
 def edit(tree: SourceTree, module: str, old: str, new: str):

@@ -69,6 +69,40 @@ def test_invalid_profile_warns_once_and_applies_nothing(sglang_env):
     assert len(warnings) == 1 and "'fastest'" in warnings[0]
 
 
+HOSTILE_TUNED_FILE = '''
+import json, os, sys
+import sglang
+import sglang_pcie.runtime.activate as act
+watcher = next(f for f in sys.meta_path if type(f).__name__ == "ImportWatcher")
+print(json.dumps({"activated": act._activated, "watched": sorted(watcher.callbacks),
+                  "nccl": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}))
+'''
+
+
+@pytest.mark.parametrize("make", ["fifo", "device", "nested", "plugin"])
+def test_a_hostile_tuned_file_neither_hangs_nor_turns_the_overlay_off(sglang_env, tmp_path, make):
+    import os
+
+    path = tmp_path / "nccl-tuned.json"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "device":
+        path.symlink_to("/dev/zero")
+    elif make == "nested":
+        path.write_text("[" * 50_000 + "]" * 50_000)
+    else:
+        path.write_text(json.dumps({"format": 2, "winner": "default", "values": {"NCCL_NET_PLUGIN": "/tmp/x.so"},
+                                    "fingerprint": {"gpus": [], "gpu_uuids": [], "nvlink": None, "p2p": None,
+                                                    "nccl": None, "transport_env": {}}}))
+    proc = sglang_env("0.5.23").run(HOSTILE_TUNED_FILE, env={"SGLANG_PCIE_TUNED_FILE": str(path)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    state = json.loads(proc.stdout.splitlines()[-1])
+    assert state["activated"] is True and "sglang.srt.model_executor.model_runner" in state["watched"]
+    assert state["nccl"] == {}  # nothing applied from it
+    lines = [line for line in proc.stderr.splitlines() if "SGLANG_PCIE_TUNED_FILE" in line]
+    assert len(lines) == 1 and str(path) in lines[0] and "nothing applied from it" in lines[0]
+
+
 VERIFY = '''
 import json, subprocess, sys
 proc = subprocess.run([sys.executable, "-m", "sglang_pcie", "verify-patches", "--runtime", "--json"],

@@ -27,7 +27,8 @@ PCIE3 = Topology(["NVIDIA L40S"] * 3, nvlink=False, p2p=True, source="nvml")
 FI_NONE = FlashinferInstall(None, False)
 FI_OLD = FlashinferInstall("0.6.18", False, "/site/flashinfer")
 FI_NEW = FlashinferInstall("0.7.2", True, "/site/flashinfer")
-WINS = {"ipc": {"max_tokens": 2, "max_numel": 2 * 7168, "hidden": 7168, "verdict": "beats NCCL up to 2 tok"}}
+WINS = {"ipc": {"max_tokens": 2, "max_numel": 2 * 7168, "hidden": 7168, "tokens": [1, 2, 4, 8],
+                "flashinfer": "0.7.2", "verdict": "beats NCCL up to 2 tok"}}
 LOSES = {"ipc": {"max_tokens": None, "max_numel": None,
                  "verdict": "the PCIe-IPC all-reduce is not faster than NCCL beyond the noise at 1 tok"}}
 MEASUREMENTS = {"none": None, "loses": dict(LOSES, values={}), "wins": dict(WINS, values={})}
@@ -139,3 +140,16 @@ def test_the_decision_on_the_2x_h200_measurement(installs):
     assert pcie.values == {ENABLE_VAR: "1", MAX_NUMEL_VAR: "57344"}
     assert "up to 8 tokens x 7168" in pcie.reason
     assert decide_ipc("auto", measured, PCIE4, {}, installs["0.5.16"], FI_NEW).values == {}
+
+
+@pytest.mark.parametrize("installed", ["0.7.4", None])
+def test_a_measurement_of_other_flashinfer_kernels_keeps_ipc_off_and_says_rerun_once(installs, tmp_path, monkeypatch,
+                                                                                    capsys, installed):
+    # FlashInfer 0.7.4 changed the PCIe-IPC autotune cache format and keys: a 0.7.2 measurement is of other kernels.
+    newer = FlashinferInstall(installed, True, "/site/flashinfer") if installed else FI_NEW
+    if installed is None:
+        newer = FlashinferInstall("0.7.2.post1", True, "/site/flashinfer")
+    decision = decide_ipc("auto", MEASUREMENTS["wins"], PCIE4, {}, installs["0.5.23"], newer)
+    assert decision.values == {} and not decision.on
+    assert "measured the PCIe-IPC all-reduce with FlashInfer 0.7.2" in decision.reason
+    assert "re-run sglang-pcie tune-nccl" in decision.advice

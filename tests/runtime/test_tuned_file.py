@@ -45,7 +45,9 @@ def tuned_profile(topology, explicit: bool, environ=None):
     return (dict(config["values"]) if config is not None else None), reason
 
 
-def write_tuned(path: Path, topology: Topology, values: dict, winner="proto-LL", ipc=None, **fingerprint_changes):
+def write_tuned(path: Path, topology: Topology, values: dict, winner=None, ipc=None, **fingerprint_changes):
+    """A tuned file as tune-nccl writes it; ``winner`` defaults to the candidate whose values these are."""
+    winner = winner or next(name for name, profile in tuning.CANDIDATES.items() if profile == values)
     fingerprint = dict(tuning.fingerprint(topology), **fingerprint_changes)
     config = {"format": tuning.FORMAT, "fingerprint": fingerprint, "winner": winner, "values": values}
     if ipc is not None:
@@ -117,18 +119,55 @@ def test_corrupt_file_is_one_warning_naming_it_and_nothing_applied(isolated, cap
     assert tuning.TUNED_FILE_VAR in error and str(isolated) in error
 
 
-def test_file_setting_nvls_or_non_nccl_variables_is_refused(isolated, capsys):
-    for values in ({"NCCL_NVLS_ENABLE": "1"}, {"LD_PRELOAD": "x.so"}, {"NCCL_PROTO": 1}):
-        fingerprint = tuning.fingerprint(PCIE_BOX)
-        isolated.write_text(json.dumps({"format": 2, "fingerprint": fingerprint, "values": values}))
-        values, reason = tuned_profile(PCIE_BOX, explicit=False)
-        assert values is None and "not an NCCL variable the tuner sets" in reason
+@pytest.mark.parametrize("values, winner, named", [
+    ({"NCCL_NVLS_ENABLE": "1"}, "default", "'NCCL_NVLS_ENABLE' is not a variable tune-nccl sets"),
+    ({"LD_PRELOAD": "x.so"}, "default", "'LD_PRELOAD' is not a variable tune-nccl sets"),
+    ({"NCCL_NET_PLUGIN": "/tmp/evil.so"}, "default", "'NCCL_NET_PLUGIN' is not a variable tune-nccl sets"),
+    ({"NCCL_P2P_DISABLE": "1"}, "default", "'NCCL_P2P_DISABLE' is not a variable tune-nccl sets"),
+    ({"NCCL_PRO\x00TO": "LL"}, "proto-LL", "'NCCL_PRO\\x00TO' is not a variable tune-nccl sets"),
+    ({"NCCL_PROTO": 1}, "proto-LL", "NCCL_PROTO=1 is not a string"),
+    ({"NCCL_BUFFSIZE": "1e30"}, "buffsize-128k", "values (NCCL_BUFFSIZE=1e30) are not those of its winner"),
+    ({"NCCL_PROTO": "LL"}, "pcie", "are not those of its winner pcie"),
+    ({"NCCL_PROTO": "LL"}, "turbo", "winner 'turbo' is not a profile tune-nccl measures"),
+])
+def test_a_file_may_set_only_the_values_of_the_profile_it_measured(isolated, capsys, values, winner, named):
+    fingerprint = tuning.fingerprint(PCIE_BOX)
+    isolated.write_text(json.dumps({"format": 2, "fingerprint": fingerprint, "winner": winner, "values": values}))
+    got, reason = tuned_profile(PCIE_BOX, explicit=False)
+    assert got is None and named in reason and str(isolated) in reason
+    env = {tuning.TUNED_FILE_VAR: str(isolated)}
+    decision = decide("auto", env, probe=lambda: PCIE_BOX)
+    assert decision.values == {} and named in decision.file_error  # nothing half-applied, the file named
+
+
+@pytest.mark.parametrize("ipc, named", [
+    ({"max_numel": 8192 * 7168, "max_tokens": 8192, "hidden": 7168, "tokens": [1, 2, 4, 8], "flashinfer": "0.7.2"},
+     "ipc.max_tokens 8192 is not one of the measured decode sizes"),  # a prefill-sized bound
+    ({"max_numel": 10 ** 9, "max_tokens": 8, "hidden": 7168, "tokens": [1, 2, 4, 8], "flashinfer": "0.7.2"},
+     "is not the measured bound ipc.max_tokens x ipc.hidden"),
+    ({"max_numel": 8 * 7168, "max_tokens": 8, "hidden": 7168, "tokens": [1, 2, 4, 8]}, "ipc.flashinfer must name"),
+    ({"max_numel": -5}, "ipc.max_numel -5 is not a positive integer"),
+])
+def test_the_ipc_bound_is_a_measured_decode_size(isolated, ipc, named):
+    config = {"format": 2, "fingerprint": tuning.fingerprint(PCIE_BOX), "winner": "default", "values": {}, "ipc": ipc}
+    assert named in tuning.validate_config(config)
+
+
+@pytest.mark.parametrize("fingerprint_change, named", [
+    ({"transport_env": {"LD_PRELOAD": "x"}}, "is not a transport switch tune-nccl records"),
+    ({"nvlink": "yes"}, "fingerprint.nvlink 'yes' is not true, false or null"),
+    ({"gpus": "8 x H200"}, "must be lists of names"),
+])
+def test_the_fingerprint_holds_the_types_tune_nccl_writes(fingerprint_change, named):
+    config = {"format": 2, "fingerprint": {**tuning.fingerprint(PCIE_BOX), **fingerprint_change},
+              "winner": "default", "values": {}}
+    assert named in tuning.validate_config(config)
 
 
 def test_unreadable_file_is_a_warning(isolated, capsys):
     isolated.mkdir()  # a directory where the file should be
     values, reason = tuned_profile(PCIE_BOX, explicit=False)
-    assert values is None and "cannot read tuned NCCL file" in reason
+    assert values is None and "is a folder, not a regular file" in reason
 
 
 @pytest.mark.parametrize("change", [
@@ -164,9 +203,10 @@ def test_write_config_refuses_unusable_content(tmp_path):
 
 
 def test_auto_prefers_a_matching_tuned_file_to_its_rule(isolated):
-    write_tuned(isolated, PCIE_BOX, {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"})
+    channels = {"NCCL_PROTO": "LL", "NCCL_MIN_NCHANNELS": "2", "NCCL_MAX_NCHANNELS": "2"}
+    write_tuned(isolated, PCIE_BOX, channels)
     decision = decide("auto", dict(os.environ), probe=lambda: PCIE_BOX)
-    assert decision.profile == "tuned" and decision.values == {"NCCL_PROTO": "LL", "NCCL_MAX_NCHANNELS": "4"}
+    assert decision.profile == "tuned" and decision.values == channels
 
 
 def test_auto_keeps_defaults_when_the_sweep_found_them_fastest(isolated):
@@ -223,7 +263,7 @@ def test_tuned_file_that_does_not_exist_is_named(tmp_path):
 @pytest.mark.parametrize("content, problem", [
     ("{not json", "is not valid JSON"),
     ('{"format": 1}', "is not usable"),
-    (b"\xff\xfe", "cannot read"),
+    (b"\xff\xfe", "is not UTF-8 text"),
 ])
 def test_tuned_file_that_cannot_be_used_is_named(tmp_path, content, problem):
     path = tmp_path / "nccl-tuned.json"

@@ -24,7 +24,8 @@ PCIE3 = Topology(["NVIDIA L40S"] * 3, nvlink=False, p2p=True, source="nvml")
 FI_NONE = FlashinferInstall(None, False)
 FI_OLD = FlashinferInstall("0.6.18", False, "/site/flashinfer")
 FI_NEW = FlashinferInstall("0.7.2", True, "/site/flashinfer")
-WINS = {"ipc": {"max_tokens": 2, "max_numel": 2 * 7168, "hidden": 7168, "verdict": "beats NCCL up to 2 tok"}}
+WINS = {"ipc": {"max_tokens": 2, "max_numel": 2 * 7168, "hidden": 7168, "tokens": [1, 2, 4, 8],
+                "flashinfer": "0.7.2", "verdict": "beats NCCL up to 2 tok"}}
 LOSES = {"ipc": {"max_tokens": None, "max_numel": None,
                  "verdict": "the PCIe-IPC all-reduce is not faster than NCCL beyond the noise at 1 tok"}}
 MEASUREMENTS = {"none": None, "loses": dict(LOSES, values={}), "wins": dict(WINS, values={})}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,8 @@ import yaml
 
 from sglang_pcie.patching.engine import DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM
 from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.patching.diffs import (ALREADY, REFUSE, REMOVE, DiffError, apply_release_diffs, diffs_for, touched_files)
+from sglang_pcie.patching.diff_apply import ALREADY, REFUSE, REMOVE, apply_release_diffs
+from sglang_pcie.patching.diffs import DiffError, diffs_for, touched_files
 from sglang_pcie.patching.matrix import check_tree
 from sglang_pcie.patching.verify import check_source
 from sglang_pcie.patching.engine import all_patches, get_patch
@@ -121,23 +121,9 @@ def apply_edit(root: Path, edit: dict) -> None:
 
 
 @pytest.fixture(scope="session")
-def release_copy(tmp_path_factory):
-    """``release_copy(version, dest)``: a hard-linked copy of the pristine release at ``dest`` (a real copy,
-    made once per session, stands between them where the cache is on another file system)."""
-    bases: dict[str, Path] = {}
-
-    def make(version: str, dest: Path) -> Path:
-        source = bases.get(version) or fetch_source(version)
-        try:
-            shutil.copytree(source, dest, copy_function=os.link)
-        except OSError:
-            shutil.rmtree(dest, ignore_errors=True)
-            base = tmp_path_factory.mktemp(f"release-{version}")
-            shutil.rmtree(base)
-            shutil.copytree(source, base)
-            bases[version] = base
-            shutil.copytree(base, dest, copy_function=os.link)
-        return dest
+def release_copy():
+    """``release_copy(version, dest)``: a hard-linked copy of the pristine release at ``dest``."""
+    from support.releases import release_copy as make
 
     return make
 

@@ -1,0 +1,118 @@
+"""sglang-pcie verify-patches on pristine and edited release sources: the report, its statuses and exit codes,
+the metadata listing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_pcie.patching.diffs import diffs_for, touched_files
+from sglang_pcie.patching.engine import STATUSES
+from support.cli import run_cli
+from support.releases import release_copy, replace_text
+
+PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
+
+
+@pytest.fixture
+def copy_of(pristine_source, tmp_path):
+    """A writable copy of the whole release, and the files the diffs of ``version`` touch."""
+    def make(version):
+        target = release_copy(version, tmp_path / version)
+        files = sorted({rel for diff in diffs_for(version) for rel in touched_files(diff)})
+        return pristine_source(version), target, files
+    return make
+
+
+def snapshot(root, version):
+    """Every file (with its bytes) in the folders apply-diffs may write to (those of the files its diffs touch):
+    what "nothing changed" and "restored byte for byte" compare, stray files included."""
+    folders = {(root / rel).parent for diff in diffs_for(version) for rel in touched_files(diff)}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for folder in folders for p in sorted(folder.iterdir())
+            if p.is_file()}
+
+
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_static_json_report(capsys, pristine_source, version):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source(version)), "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert set(report) == {"sglang_version", "mode", "source", "patches", "nccl", "allreduce"}
+    assert (report["sglang_version"], report["mode"]) == (version, "static")
+    assert [row["id"] for row in report["patches"]] == PATCH_IDS
+    assert all(row["status"] in STATUSES and row["detail"] for row in report["patches"])
+    # eagle3-profile is opt-in: switched off, its fit is still checked and named.
+    eagle = report["patches"][1]
+    assert eagle["status"] == "disabled" and "applicable" in eagle["detail"]
+    assert {"requested", "profile", "values", "user_set", "reason"} <= set(report["nccl"])
+
+
+def test_sglang_version_fetches_the_release(capsys):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-version", "0.5.21", "--json")
+    assert code == 0 and json.loads(out)["sglang_version"] == "0.5.21"
+
+
+def test_a_release_older_than_the_covered_range_is_not_applicable(capsys):
+    """Issue 10: `verify-patches --sglang-version 0.5.7` must not say applicable; every row names the range."""
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-version", "0.5.7", "--json")
+    rows = json.loads(out)["patches"]
+    assert code == 0 and [row["id"] for row in rows] == PATCH_IDS
+    assert all(row["status"] in ("not-applicable", "disabled") for row in rows), rows
+    assert all("sglang 0.5.7 is older than the releases this patch covers (0.5.8 to 0.5.23)" in row["detail"]
+               for row in rows), rows
+
+
+def test_human_table_names_each_patch_and_the_nccl_profile(capsys, pristine_source):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("sglang 0.5.9 (static")
+    assert [line.split()[0] for line in lines[2:5]] == PATCH_IDS
+    assert any(line.startswith("NCCL profile:") for line in lines) and "a server started now uses:" in lines[-1]
+
+
+def test_user_disabled_patch_is_reported_disabled(capsys, pristine_source, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", "drafter-delegation")
+    _, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")), "--json")
+    rows = {row["id"]: row for row in json.loads(out)["patches"]}
+    assert rows["drafter-delegation"]["status"] == "disabled"
+    assert rows["drafter-delegation"]["detail"].startswith("listed in SGLANG_PCIE_DISABLE_PATCHES")
+    # sm120-allreduce-fusion is opt-in: disabled until SGLANG_PCIE_SM120_FUSION=1, its fit still checked.
+    assert rows["sm120-allreduce-fusion"] == {"id": "sm120-allreduce-fusion", "status": "disabled",
+                                              "detail": "opt-in: set SGLANG_PCIE_SM120_FUSION=1 (source check: "
+                                                        "applicable)"}
+
+
+@pytest.mark.parametrize("name, value", [("SGLANG_PCIE_NCCL_PROFILE", "fastest"), ("EAGLE3_PROFILE", "yes please")])
+def test_bad_setting_exits_2_naming_it(capsys, pristine_source, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    code, _, err = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")))
+    assert code == 2 and name in err and repr(value) in err
+
+
+def test_both_sources_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys, "verify-patches", "--sglang-source", "x", "--sglang-version", "0.5.9")
+    assert code == 2 and "not allowed with argument" in err
+
+
+def test_drift_exits_1(capsys, copy_of):
+    _, target, _ = copy_of("0.5.9")
+    replace_text(target / "sglang/srt/layers/communicator.py", "def apply_flashinfer_allreduce_fusion(",
+                 "def fusion_gate(")
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(target), "--json")
+    rows = {row["id"]: row["status"] for row in json.loads(out)["patches"]}
+    assert code == 1 and rows["sm120-allreduce-fusion"] == "drifted"
+
+
+def test_metadata_lists_every_field(capsys):
+    code, out, _ = run_cli(capsys, "verify-patches", "--metadata", "--json")
+    meta = json.loads(out)
+    assert code == 0 and [m["id"] for m in meta] == PATCH_IDS
+    for item in meta:
+        for key in ("summary", "why", "upstream", "remove_when", "releases", "upstream_check", "runtime_method",
+                    "static_method", "targets"):
+            assert item[key], (item["id"], key)
+
+
