@@ -31,6 +31,19 @@ class Topology:
     def gpu_count(self) -> int:
         return len(self.gpu_names)
 
+    def state(self, value: bool | None) -> str:
+        """``nvlink`` / ``p2p`` for people: yes, no, or why it is not known (never "None")."""
+        if value is not None:
+            return "yes" if value else "no"
+        if self.gpu_count == 0:
+            return "unknown (no GPU visible)"
+        if self.gpu_count == 1:
+            return "n/a (one GPU)"
+        return "unknown (nvidia-smi does not report it)" if self.source == "nvidia-smi" else "unknown"
+
+    def links(self) -> str:
+        return f"NVLink: {self.state(self.nvlink)}; peer-to-peer: {self.state(self.p2p)}"
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Which GPUs this process will use

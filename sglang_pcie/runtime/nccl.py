@@ -117,7 +117,7 @@ def _untuned_reason(topology: Topology) -> str:
     if topology.gpu_count == 1:
         return "a single GPU, no all-reduce"
     links = {True: "NVLink between them", False: "no NVLink between them", None: "NVLink unknown"}[topology.nvlink]
-    return f"no tune-nccl result for these {topology.gpu_count} GPUs ({links}, peer-to-peer {topology.p2p})"
+    return f"no tune-nccl result for these {topology.gpu_count} GPUs ({links}, peer-to-peer {topology.state(topology.p2p)})"
 
 
 def apply_for_process(settings, environ: MutableMapping[str, str] | None = None) -> NcclDecision | None:

@@ -112,17 +112,25 @@ def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | 
     }
 
 
+def _shown(value) -> str:
+    """A fingerprint value for people: JSON's null is "unknown", never "None"."""
+    if value is None:
+        return "unknown"
+    return json.dumps(value) if isinstance(value, (bool, list, dict)) else repr(value)
+
+
 def fingerprint_differences(recorded: dict, here: dict) -> list[str]:
-    return [f"{key} {recorded.get(key)!r} here {here.get(key)!r}"
+    return [f"{key} {_shown(recorded.get(key))} here {_shown(here.get(key))}"
             for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
 
 
 def describe_machine(fp: dict) -> str:
     gpus = fp.get("gpus") or []
     models = ", ".join(sorted(set(gpus))) or "no GPU"
-    links = f"nvlink={fp.get('nvlink')}, p2p={fp.get('p2p')}"
+    links = f"nvlink={_shown(fp.get('nvlink'))}, p2p={_shown(fp.get('p2p'))}"
     extra = "".join(f", {k}={v}" for k, v in sorted((fp.get("transport_env") or {}).items()))
-    return f"{len(gpus)} x {models} ({links}{extra}), NCCL {fp.get('nccl')}"
+    nccl = fp.get("nccl") or "unknown (no nvidia-nccl distribution found)"
+    return f"{len(gpus)} x {models} ({links}{extra}), NCCL {nccl}"
 
 
 def validate_config(config) -> str | None:

@@ -70,8 +70,10 @@ def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
 
 
 def format_report(rep: dict) -> list[str]:
-    gpus = rep["gpus"]
-    head = (f"All-reduce paths ({gpus} GPU(s); NVLink {rep['nvlink']}; peer-to-peer {rep['p2p']};"
+    count = rep["gpus"]
+    links = gpus.Topology(["?"] * count)  # says yes / no / why unknown for this many GPUs
+    head = (f"All-reduce paths ({count} GPU(s); NVLink {links.state(rep['nvlink'])};"
+            f" peer-to-peer {links.state(rep['p2p'])};"
             f" SGLang {rep['sglang'] or 'not installed'}; FlashInfer {rep['flashinfer'] or 'not installed'}):")
     lines = [head]
     for path in rep["paths"]:

@@ -35,8 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if t.gpu_count == 0:
         print(f"GPUs: no GPU visible ({t.detail or t.source})")
     else:
-        print(f"GPUs ({t.source}): {t.gpu_count} {', '.join(sorted(set(t.gpu_names)))};"
-              f" NVLink: {t.nvlink}; peer-to-peer: {t.p2p}")
+        print(f"GPUs ({t.source}): {t.gpu_count} {', '.join(sorted(set(t.gpu_names)))}; {t.links()}")
     if decision.advice:
         print(f"advice: {decision.advice}")
     for key, value in decision.values.items():

@@ -74,14 +74,16 @@ def run(args: argparse.Namespace) -> int:
 
 def source_root(args) -> Path:
     """The folder holding the sglang package to check: fetched, given, or installed."""
-    if args.sglang_version:
+    if args.sglang_version is not None:  # also "": a version was given, and it is not one
         from sglang_pcie.patching.releases import fetch_source
 
         try:
             return fetch_source(args.sglang_version)
         except (ValueError, RuntimeError) as exc:
             raise UsageError(str(exc)) from None
-    if args.sglang_source:
+    if args.sglang_source is not None:
+        if not args.sglang_source.strip():
+            raise UsageError("--sglang-source '': give the folder that holds the sglang package")
         return Path(args.sglang_source)
     root = installed_sglang_root()
     if root is None:
@@ -114,12 +116,25 @@ def exit_code(report: dict) -> int:
     return 1 if any(row["status"] in FAILING_STATUSES for row in report["patches"]) else 0
 
 
+DETAIL_ITEMS = 4  # a detail listing more items than this (classes, modules) shows these and a count
+
+
+def fold(detail: str, keep: int = DETAIL_ITEMS) -> str:
+    """A detail that ends in a long comma-separated list (``...: a (.x), b (.y), ...``) with its first ``keep`` items
+    and a count of the rest; ``--json`` keeps the whole."""
+    head, sep, listing = detail.rpartition(": ")
+    items = listing.split(", ") if sep else []
+    if len(items) <= keep + 1:
+        return detail
+    return f"{head}: {', '.join(items[:keep])} and {len(items) - keep} more (--json lists them all)"
+
+
 def format_table(report: dict) -> str:
     lines = [f"sglang {report['sglang_version']} ({report['mode']}: {report['source']})"]
     width = max([len(row["id"]) for row in report["patches"]] + [5])
     lines.append(f"{'PATCH':<{width}}  {'STATUS':<14}  DETAIL")
     for row in report["patches"]:
-        lines.append(f"{row['id']:<{width}}  {row['status']:<14}  {row['detail']}")
+        lines.append(f"{row['id']:<{width}}  {row['status']:<14}  {fold(row['detail'])}")
     decision = report["nccl"]
     values = " ".join(f"{k}={v}" for k, v in decision.get("values", {}).items()) or "nothing set"
     lines.append(f"NCCL profile: {decision.get('profile')} ({decision.get('reason')}); {values}")

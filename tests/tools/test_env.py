@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 
 
+import pytest
+
+from sglang_pcie.runtime.gpus import Topology
 from support.cli import run_cli
 
 PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
@@ -18,3 +21,20 @@ def test_env_reports_the_decision(capsys, monkeypatch):
     assert decision["user_set"] == {"NCCL_PROTO": "Simple"} and "NCCL_PROTO" not in decision["values"]
 
 
+
+
+@pytest.mark.parametrize("topology", [
+    Topology(detail="no NVIDIA driver or GPU visible"),
+    Topology(["NVIDIA H200"], None, None, "nvml", "1 GPU(s)"),
+    Topology(["NVIDIA RTX A6000"] * 3, None, None, "nvidia-smi", "no topology matrix"),
+])
+def test_human_output_says_unknown_and_why_never_none(capsys, monkeypatch, topology):
+    from sglang_pcie.runtime import gpus
+
+    monkeypatch.setattr(gpus, "probe_topology", lambda environ=None: topology)
+    code, out, err = run_cli(capsys, "env")
+    assert code == 0 and "None" not in out, out
+    if topology.gpu_count == 3:
+        assert "NVLink: unknown (nvidia-smi does not report it)" in out
+    if topology.gpu_count == 1:
+        assert "peer-to-peer n/a (one GPU)" in out

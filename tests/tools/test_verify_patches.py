@@ -116,3 +116,19 @@ def test_metadata_lists_every_field(capsys):
             assert item[key], (item["id"], key)
 
 
+
+
+def test_a_long_list_in_a_detail_is_folded_and_the_json_keeps_it_whole(capsys, pristine_source):
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.23")))
+    row = next(line for line in out.splitlines() if line.startswith("drafter-delegation"))
+    assert len(row) < 500 and "and 21 more (--json lists them all)" in row
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.23")), "--json")
+    detail = next(r["detail"] for r in json.loads(out)["patches"] if r["id"] == "drafter-delegation")
+    assert detail.count(" (.") == 25
+
+
+@pytest.mark.parametrize("option", ["--sglang-version", "--sglang-source"])
+def test_an_empty_value_is_named_not_read_as_absent(capsys, option):
+    code, _, err = run_cli(capsys, "verify-patches", option, "")
+    assert code == 2 and "no sglang installed here" not in err
+    assert err.startswith("sglang-pcie: error: ") and "''" in err
