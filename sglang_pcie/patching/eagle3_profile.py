@@ -14,6 +14,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import eagle_profiler
 
@@ -271,30 +272,24 @@ def _edited_modules(tree: SourceTree, present) -> list[str]:
 def _add_decorators(tree: SourceTree, module_name: str, items) -> str:
     """The module's source with the import guard before its first definition and a decorator above each timed
     method (or, for an inherited one, a decorated override in the class that calls the inherited method)."""
-    module_tree = tree.tree(module_name)
-    lines = tree.source(module_name).splitlines(keepends=True)
-    inserts = []  # (index of the line to insert before, order, text)
-    inserts.append((_guard_line(module_tree), 0, (
+    edits = SourceEdits(tree.source(module_name))
+    edits.insert_lines(_guard_line(tree.tree(module_name)) + 1, (
         f"{COMMENT}: per-phase timers when EAGLE3_PROFILE=1; identity otherwise, or without sglang-pcie\n"
         f"try:  {COMMENT}\n"
         f"    from sglang_pcie.runtime.eagle_profiler import profile_phase as {DIFF_DECORATOR}\n"
         f"except ImportError:  {COMMENT}\n"
         f"    def {DIFF_DECORATOR}(phase):  {COMMENT}\n"
-        f"        return lambda function: function\n")))
+        f"        return lambda function: function\n"), indent="")
     for cls, method, phase, own in items:
         if own is not None:
             first = min([own.lineno] + [d.lineno for d in own.decorator_list])
-            indent = lines[own.lineno - 1][:own.col_offset]
-            inserts.append((first - 1, 0, f'{indent}@{DIFF_DECORATOR}("{phase}")  {COMMENT}\n'))
+            edits.insert_lines(first, f'@{DIFF_DECORATOR}("{phase}")  {COMMENT}\n')
         else:  # inherited: time this class's calls, as the runtime patch does by wrapping it on this class
-            indent = " " * (cls.col_offset + 4)
-            inserts.append((cls.end_lineno, 1, (
-                f"\n{indent}@{DIFF_DECORATOR}(\"{phase}\")  {COMMENT}\n"
-                f"{indent}def {method}(self, *args, **kwargs):  {COMMENT}: times the inherited method\n"
-                f"{indent}    return super().{method}(*args, **kwargs)  {COMMENT}\n")))
-    for index, _, text in sorted(inserts, key=lambda i: (i[0], i[1]), reverse=True):
-        lines.insert(index, text)
-    return "".join(lines)
+            edits.insert_lines(cls.end_lineno + 1, (
+                f"\n@{DIFF_DECORATOR}(\"{phase}\")  {COMMENT}\n"
+                f"def {method}(self, *args, **kwargs):  {COMMENT}: times the inherited method\n"
+                f"    return super().{method}(*args, **kwargs)  {COMMENT}\n"), indent=" " * (cls.col_offset + 4))
+    return edits.text()
 
 
 PATCH = Eagle3Profile()

@@ -37,6 +37,7 @@ from types import CodeType, FunctionType, ModuleType
 from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 
 PATCH_ID = "sm120-allreduce-fusion"
@@ -277,7 +278,7 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     if not patched:
         return UPSTREAM, f"SM12x already admitted upstream by {', '.join(upstream)}: nothing left to patch", {}
 
-    edits = {gate_module: _Edits(gate_source), FUSION: _Edits(fusion_source)}
+    edits = {gate_module: SourceEdits(gate_source), FUSION: SourceEdits(fusion_source)}
     gate_edits = edits[gate_module]
     if gate_label in patched:
         gate_edits.insert_at(gate_test.end_lineno, gate_test.end_col_offset, f" or {HELPER}()")
@@ -440,7 +441,7 @@ def _find_resolver(fusion_tree: ast.Module, version) -> tuple[ast.FunctionDef, a
     return func, stmt, test
 
 
-def _resolver_edits(resolver, edits: _Edits) -> None:
+def _resolver_edits(resolver, edits: SourceEdits) -> None:
     """Admit SM120 in the resolver, and keep a backend it could run off (not failing) when a condition is missing."""
     _, stmt, capability = resolver
     edits.insert_at(capability.end_lineno, capability.end_col_offset, f" or {HELPER}()")
@@ -568,46 +569,6 @@ def _first_definition_line(tree: ast.Module, lines: list[str]) -> int:
     while line > 1 and lines[line - 2].lstrip().startswith("#"):
         line -= 1
     return line
-
-
-class _Edits:
-    """Insertions into a source text by (1-based) line and column, applied bottom-up so positions stay valid."""
-
-    def __init__(self, text: str):
-        self.lines = text.splitlines(keepends=True)
-        self._edits = []  # (line, order, column, kind, payload); order: same-line edits before inserted lines
-
-    @property
-    def changed(self) -> bool:
-        return bool(self._edits)
-
-    def insert_at(self, line: int, column: int, text: str):
-        """Insert ``text`` at an ast position (``column`` counts UTF-8 bytes, as ast does)."""
-        self._edits.append((line, 1, column, "at", text))
-
-    def insert_lines(self, before: int, text: str):
-        """Insert lines before line ``before``, indented as it is now; ``text`` is written unindented."""
-        target = self.lines[before - 1] if before <= len(self.lines) else ""
-        indent = target[:len(target) - len(target.lstrip())] if target.strip() else ""
-        lines = [indent + line if line.strip() else line for line in text.splitlines(keepends=True)]
-        self._edits.append((before, 0, 0, "lines", lines))
-
-    def indent(self, first: int, last: int):
-        self._edits.append((first, 1, -1, "indent", last))
-
-    def text(self) -> str:
-        lines = list(self.lines)
-        for line, _, column, kind, payload in sorted(self._edits, key=lambda e: e[:3], reverse=True):
-            i = line - 1
-            if kind == "at":
-                raw = lines[i].encode()
-                lines[i] = (raw[:column] + payload.encode() + raw[column:]).decode()
-            elif kind == "indent":
-                for j in range(i, payload):
-                    lines[j] = "    " + lines[j] if lines[j].strip() else lines[j]
-            else:
-                lines[i:i] = payload
-        return "".join(lines)
 
 
 # -- the runtime side: the same text, compiled into the live modules

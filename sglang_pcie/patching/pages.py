@@ -1,0 +1,51 @@
+"""Pages generated from the patch register: docs/patches.md (``ci/generate-docs``) and the register's table at the
+top of COMPATIBILITY.md (``ci/check-sglang-releases``). Tests fail when a committed page is not what this renders."""
+from __future__ import annotations
+
+from sglang_pcie.patching.register import REGISTER, Entry
+
+PATCHES_PAGE = "docs/patches.md"
+
+
+def register_table() -> str:
+    """One row per patch: what it does, the releases it covers, how it is switched on, when it can go."""
+    lines = ["| patch | what | releases | switched on by | remove when |", "|---|---|---|---|---|"]
+    for e in REGISTER:
+        switch = f"`{e.opt_in.variable}=1`" if e.opt_in else "default (off: `SGLANG_PCIE_DISABLE_PATCHES`)"
+        lines.append(f"| `{e.id}` | {_cell(e.summary)} | {_range(e)} | {switch} | {_cell(e.remove_when)} |")
+    return "\n".join(lines) + "\n"
+
+
+def patches_page() -> str:
+    parts = ["# The patches\n",
+             "Generated from `sglang_pcie/patching/register.py` by `ci/generate-docs`; do not edit by hand. Each "
+             "patch's own page (linked) explains it in depth; `sglang-pcie verify-patches --metadata` prints the "
+             "same record.\n", register_table()]
+    for e in REGISTER:
+        parts.append(_section(e))
+    return "\n".join(parts)
+
+
+def _section(e: Entry) -> str:
+    refs = [f"- [{r.name}]({r.url}) ({r.state}, checked {e.checked}): {r.note}" for r in e.upstream]
+    if e.upstream_note:
+        refs.append(f"- {e.upstream_note}")
+    switch = (f"opt-in: `{e.opt_in.variable}=1`; until then the patch is not even registered" if e.opt_in
+              else "on by default where it applies; off with `SGLANG_PCIE_DISABLE_PATCHES=" + e.id + "`")
+    return "\n".join([
+        f"## `{e.id}`", "", e.summary, "", f"**Why.** {e.why}", "",
+        f"**Releases.** {_range(e)} (`{e.releases}`). **Switch.** {switch}.", "",
+        f"**Targets.** {', '.join(f'`{t}`' for t in e.targets)}.", "",
+        "**Upstream.**", *refs, "", f"**Remove when.** {e.remove_when}.", "",
+        f"**How upstream is detected.** {e.upstream_check}.", "",
+        f"**At runtime.** {e.runtime_method}.", "", f"**Static check.** {e.static_method}.", "",
+        f"Page: [docs/{e.id}.md]({e.id}.md).", ""])
+
+
+def _range(e: Entry) -> str:
+    bounds = [part.strip().lstrip("<>=") for part in e.releases.split(",")]
+    return " to ".join(bounds)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
