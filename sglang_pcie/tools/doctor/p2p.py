@@ -187,7 +187,7 @@ def _stopped(facts: GpuFacts, run: ChildRun, timeout: float) -> list[Finding]:
                         "hangs the same way at its first all-reduce (local-inference-lab/rtx6kpro #15)",
                         f"{UNSAFE_FIX}; a longer --p2p-timeout if the machine was only busy", "P2P copy check")]
     error = run.error or {}
-    if error.get("kind") in ("no-torch", "no-cuda"):
+    if error.get("kind") in ("no-torch", "no-cuda", "mapping"):
         return [Finding("p2p.copy", NOT_VISIBLE, f"copy check not run: {error['message']}",
                         "run doctor in the Python environment that serves SGLang (torch with CUDA)", "P2P copy check")]
     if error:

@@ -39,6 +39,8 @@ PTX = rb"""
     ld.param.u64 %rd1, [dst];
     ld.param.u64 %rd2, [src];
     ld.param.u64 %rd3, [count];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
     mov.u32 %r1, %ctaid.x;
     mov.u32 %r2, %ntid.x;
     mov.u32 %r3, %tid.x;
@@ -229,7 +231,7 @@ def find_devices(torch, wanted: list) -> list:
         if index is None and not found and position < torch.cuda.device_count():
             index = position  # a torch without uuid / pci_bus_id: the parent set CUDA_DEVICE_ORDER=PCI_BUS_ID
         if index is None:
-            raise CudaError(f"GPU {gpu['uuid']} ({gpu['bus_id']}) is not among the {torch.cuda.device_count()} CUDA"
+            raise LookupError(f"GPU {gpu['uuid']} ({gpu['bus_id']}) is not among the {torch.cuda.device_count()} CUDA"
                             " devices this process sees")
         out.append(index)
     return out
@@ -246,7 +248,8 @@ def start(spec: dict):
         return None
     nccl = None
     try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # (2, 28, 3); an int in old releases
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     except Exception:  # noqa: BLE001 - a torch without NCCL
         pass
     devices = find_devices(torch, spec["gpus"])
@@ -295,6 +298,9 @@ def main(spec: dict) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main(json.loads(sys.argv[1])))
+    except LookupError as exc:  # the GPUs doctor read are not the ones torch sees
+        say("error", kind="mapping", message=str(exc))
+        sys.exit(1)
     except (CudaError, RuntimeError) as exc:  # a CUDA error leaves the context unusable: report it and stop
         say("error", kind="cuda", message=f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}", **WHERE)
         sys.exit(1)

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+OUT_ROOT = HERE  # where the folders are written (a test writes them elsewhere and compares)
 PREFIX = "doctor-p2p "
 SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
 LEGEND_M = """
@@ -42,7 +43,7 @@ Legend:
 
 class Box:
     def __init__(self, name: str, readme: str):
-        self.root = HERE / name
+        self.root = OUT_ROOT / name
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "commands").mkdir(parents=True)
         self.commands = {}
