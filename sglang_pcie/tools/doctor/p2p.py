@@ -32,7 +32,7 @@ UNSAFE_FIX = ("until the cause is found and fixed (see host.iommu, host.acs and 
 class ChildRun:
     start: dict | None = None  # torch, its CUDA and NCCL, the GPUs' compute capabilities
     results: dict = field(default_factory=dict)  # (a, b) positions in the TP group -> {"peer", "methods"}
-    links: dict = field(default_factory=dict)  # position -> sysfs link attributes read under load
+    links: dict = field(default_factory=dict)  # position -> sysfs link attributes read under load (the fastest)
     begun: dict | None = None  # the last step begun and not finished: where a hang or crash stopped
     error: dict | None = None
     done: bool = False
@@ -56,8 +56,12 @@ def parse(done: Completed) -> ChildRun:
         elif kind == "result":
             run.results[tuple(event["pair"])] = event
             run.begun = None
-        elif kind == "link":
-            run.links.update({int(k): v for k, v in event["links"].items()})
+        elif kind == "link":  # a GPU is read with each new partner: keep its fastest reading under load
+            for position, link in event["links"].items():
+                best = run.links.get(int(position))
+                if best is None or (link_gen(link.get("current_link_speed", "")) or 0) > (
+                        link_gen(best.get("current_link_speed", "")) or 0):
+                    run.links[int(position)] = link
             run.begun = None
         elif kind == "error":
             run.error = event

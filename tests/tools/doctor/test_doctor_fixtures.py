@@ -262,3 +262,67 @@ def test_the_hand_made_fixtures_are_what_their_script_writes(tmp_path):
         committed = sorted(p.relative_to(FACTS) for p in (FACTS / folder.name).rglob("*") if p.is_file())
         assert written == committed
         assert all((tmp_path / p).read_bytes() == (FACTS / p).read_bytes() for p in written), folder.name
+
+
+def _copy(tmp_path, name):
+    box = tmp_path / name
+    shutil.copytree(FACTS / name, box)
+    return box
+
+
+def test_a_slow_slot_and_a_link_that_stays_slow_under_load(capsys, tmp_path):
+    box = _copy(tmp_path, "pcie-8gpu-2socket")
+    query = box / "commands" / "nvidia-smi-q.txt"
+    text = query.read_text()
+    query.write_text(text.replace("Host Max                               : 5", "Host Max                               : 4", 1))
+    check = box / "commands" / "p2p-copy-check-4.txt"
+    check.write_text(check.read_text().replace('"0": {"current_link_speed": "32.0 GT/s PCIe"',
+                                               '"0": {"current_link_speed": "8.0 GT/s PCIe"'))  # every reading
+    code, found = doctor(capsys, box, "--tp", "4")
+    assert code == 1
+    assert only(found, "host.link-slot")["what"].startswith("GPU 0 (0000:01:00.0) sits in a Gen4 slot")
+    loaded = only(found, "p2p.link-under-load")
+    assert "GPU 0 (0000:01:00.0) at Gen3 x16 (its maximum Gen5)" in loaded["what"]
+
+
+@pytest.mark.parametrize("events, rc, fid, severity, said", [
+    ([{"event": "start", "capabilities": ["12.0"] * 4}, {"event": "begin", "pair": [2, 3], "method": "sm-read"},
+      {"event": "error", "kind": "cuda", "pair": [2, 3], "method": "sm-read",
+       "message": "CudaError: cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS (700)"}],
+     1, "p2p.error", "failure", "during GPU 2 -> GPU 3 (sm-read): CudaError"),
+    ([{"event": "start"}, {"event": "error", "kind": "cuda", "pair": [0, 1], "method": "copy-engine",
+                           "message": "OutOfMemoryError: CUDA out of memory."}],
+     1, "p2p.copy", "not-visible", "out of memory"),
+    ([{"event": "error", "kind": "no-torch", "message": "torch not importable: ModuleNotFoundError"}],
+     0, "p2p.copy", "not-visible", "copy check not run: torch not importable"),
+    ([{"event": "error", "kind": "mapping", "message": "GPU GPU-x is not among the 2 CUDA devices"}],
+     1, "p2p.copy", "not-visible", "not among"),
+    ([{"event": "start"}, {"event": "begin", "pair": [1, 0], "method": "sm-write"}],
+     -11, "p2p.crash", "warning", "exited with -11 during GPU 1 -> GPU 0 (sm-write)"),
+])
+def test_how_a_copy_check_that_stopped_reads(capsys, tmp_path, events, rc, fid, severity, said):
+    box = _copy(tmp_path, "pcie-4gpu-iommu-acs")
+    (box / "commands" / "p2p-copy-check.txt").write_text(
+        "".join("doctor-p2p " + json.dumps(e) + "\n" for e in events))
+    commands = json.loads((box / "commands.json").read_text())
+    commands["p2p-copy-check GPU 0,1,2,3"].update(rc=rc, timed_out=False)
+    (box / "commands.json").write_text(json.dumps(commands))
+    code, found = doctor(capsys, box)
+    finding = only(found, fid)
+    assert finding["severity"] == severity and said in finding["what"]
+    assert "p2p.hang" not in severities(found)
+
+
+def test_the_one_shot_all_reduce_switched_on_by_hand_across_sockets(capsys, monkeypatch):
+    from pathlib import Path
+
+    from sglang_pcie.runtime import allreduce
+
+    monkeypatch.setattr(allreduce, "sglang_install", lambda root=None: allreduce.SglangInstall(Path("/s"), "0.5.23", True))
+    monkeypatch.setattr(allreduce, "flashinfer_install", lambda: allreduce.FlashinferInstall("0.7.2", True, "/fi"))
+    monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "1")
+    code, found = doctor(capsys, "pcie-8gpu-2socket")
+    assert only(found, "plan.allreduce")["what"].startswith("a server started now with --tp 8 uses: PCIe-IPC")
+    assert only(found, "plan.ipc-sockets")["severity"] == "warning"
+    code, found = doctor(capsys, "pcie-8gpu-2socket", "--tp", "4")
+    assert "plan.ipc-sockets" not in severities(found)

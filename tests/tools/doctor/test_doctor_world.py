@@ -133,3 +133,13 @@ def test_only_the_copy_check_child_touches_cuda_and_it_imports_nothing_of_the_pa
                     if isinstance(n, ast.Import)}
     assert "torch" not in module_level  # imported inside start(): a missing torch is a reported fact, not a crash
     assert p2p.CHILD.is_file() and os.access(p2p.CHILD, os.R_OK)
+
+
+def test_a_gpu_read_with_several_partners_keeps_its_fastest_link_reading():
+    from sglang_pcie.tools.doctor.world import Completed
+
+    slow = {"current_link_speed": "2.5 GT/s PCIe", "current_link_width": "16"}
+    fast = {"current_link_speed": "32.0 GT/s PCIe", "current_link_width": "16"}
+    lines = [{"event": "link", "links": {"0": fast, "1": slow}}, {"event": "link", "links": {"0": slow, "2": fast}}]
+    run = p2p.parse(Completed("k", 0, "".join("doctor-p2p " + json.dumps(e) + "\n" for e in lines)))
+    assert run.links == {0: fast, 1: slow, 2: fast}

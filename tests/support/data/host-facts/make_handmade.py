@@ -215,6 +215,21 @@ def gpus(box: int, buses: list[str], **fields) -> list[dict]:
     return out
 
 
+def infiniband(box: Box) -> None:
+    """Two 400 Gb/s HCAs with their IPoIB interfaces, a 1 GbE NIC, docker's bridge, nvidia_peermem loaded."""
+    for name, speed in (("eno1", "1000"), ("ibp65s0", "400000"), ("ibp193s0", "400000")):
+        box.folder(f"sys/class/net/{name}/device")
+        box.file(f"sys/class/net/{name}/speed", speed)
+        box.file(f"sys/class/net/{name}/operstate", "up")
+    box.folder("sys/class/net/lo")
+    box.folder("sys/class/net/docker0")
+    for hca in ("mlx5_0", "mlx5_1"):
+        box.file(f"sys/class/infiniband/{hca}/ports/1/state", "4: ACTIVE")
+        box.file(f"sys/class/infiniband/{hca}/ports/1/rate", "400 Gb/sec (4X NDR)")
+        box.file(f"sys/class/infiniband/{hca}/ports/1/link_layer", "InfiniBand")
+    box.folder("sys/module/nvidia_peermem")
+
+
 def eight_gpus_two_sockets() -> None:
     box = Box("pcie-8gpu-2socket", """
 # pcie-8gpu-2socket: 8 x RTX PRO 6000 Blackwell Server Edition over two CPU sockets (hand-made)
@@ -257,17 +272,7 @@ InfiniBand HCAs (mlx5_0 behind GPU 0's switch, mlx5_1 behind GPU 4's), nvidia_pe
     box.file("sys/devices/system/cpu/cpu72/topology/physical_package_id", "1")
     box.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  595.71.05  "
                                            "Release Build  (dvs-builder@U22-I3-B17-02-5)\nGCC version:  gcc 13.3.0")
-    for name, speed in (("eno1", "1000"), ("ibp65s0", "400000"), ("ibp193s0", "400000")):
-        box.folder(f"sys/class/net/{name}/device")
-        box.file(f"sys/class/net/{name}/speed", speed)
-        box.file(f"sys/class/net/{name}/operstate", "up")
-    box.folder("sys/class/net/lo")
-    box.folder("sys/class/net/docker0")
-    for hca in ("mlx5_0", "mlx5_1"):
-        box.file(f"sys/class/infiniband/{hca}/ports/1/state", "4: ACTIVE")
-        box.file(f"sys/class/infiniband/{hca}/ports/1/rate", "400 Gb/sec (4X NDR)")
-        box.file(f"sys/class/infiniband/{hca}/ports/1/link_layer", "InfiniBand")
-    box.folder("sys/module/nvidia_peermem")
+    infiniband(box)
 
     def result(a, b, method):
         near = socket[a] == socket[b]
@@ -276,8 +281,8 @@ InfiniBand HCAs (mlx5_0 behind GPU 0's switch, mlx5_1 behind GPU 4's), nvidia_pe
 
     key = "p2p-copy-check GPU 0,1,2,3,4,5,6,7"
     box.command(key, "p2p-copy-check-8.txt", child_lines(pair_events(8, "12.0", result)), seconds=21.4)
-    four = [e for e in pair_events(4, "12.0", result)]
-    box.command("p2p-copy-check GPU 0,1,2,3", "p2p-copy-check-4.txt", child_lines(four), seconds=9.8)
+    box.command("p2p-copy-check GPU 0,1,2,3", "p2p-copy-check-4.txt", child_lines(pair_events(4, "12.0", result)),
+                seconds=9.8)
     box.save()
 
 
