@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "sglang_pcie.tools.verify_patches",
     "sglang_pcie.tools.apply_diffs",
     "sglang_pcie.tools.env",
+    "sglang_pcie.tools.doctor",
     "sglang_pcie.tools.profile_report",
     "sglang_pcie.tools.tune_nccl",
     "sglang_pcie.tools.bench",
