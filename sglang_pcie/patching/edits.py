@@ -48,4 +48,4 @@ class SourceEdits:
     def _add(self, line: int, order: int, column: int, kind: str, payload) -> None:
         # The sequence number breaks ties so that payloads are never compared; reversed (bottom-up), the earlier
         # insertion before a line is applied last and so stands first.
-        self._edits.append((line, order, column, -len(self._edits), kind, payload))
+        self._edits.append((line, order, column, len(self._edits), kind, payload))
