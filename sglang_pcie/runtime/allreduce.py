@@ -166,7 +166,8 @@ def kernels_missing(sglang: SglangInstall, flashinfer: FlashinferInstall) -> str
 
 
 def decide_ipc(requested: str | None, config: dict | None, topology, environ,
-               sglang: SglangInstall | None = None, flashinfer: FlashinferInstall | None = None) -> IpcDecision:
+               sglang: SglangInstall | None = None, flashinfer: FlashinferInstall | None = None,
+               launch=None) -> IpcDecision:
     """Whether the launcher sets SGLANG_ENABLE_PCIE_IPC_ALLREDUCE / SGLANG_PCIE_IPC_MAX_NUMEL. Touches nothing.
 
     The install is only looked at when the measurement says yes, so the common case costs nothing."""
@@ -180,6 +181,8 @@ def decide_ipc(requested: str | None, config: dict | None, topology, environ,
         return IpcDecision({}, {}, f"SGLANG_PCIE_NCCL_PROFILE={what}: left as SGLang has it (off)")
     if config is None:
         return IpcDecision({}, {}, "no tune-nccl result for these GPUs: left as SGLang has it (off)")
+    if launch is not None and launch.multi_node:
+        return IpcDecision({}, {}, f"{launch.describe()}: FlashInfer's PCIe-IPC all-reduce is single-node: left off")
     ipc = config.get("ipc") or {}
     max_numel = ipc.get("max_numel")
     if not max_numel:

@@ -1,7 +1,8 @@
 """Reading a small JSON file a user hands us, in a process that must not hang or break: a regular file only, a size
 cap, a nesting cap and a time bound. Every violation is a one-line reason; nothing here raises.
 
-Used where SGLang's own processes read a file at start (the tuned NCCL file, read when ``sglang`` is imported).
+Used where SGLang's own processes read a file at start: the tuned NCCL file and SGLang's ``--config`` YAML file, read
+when ``sglang`` is imported.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 
 MAX_BYTES = 256 * 1024  # a tune-nccl result is a few KiB
 MAX_DEPTH = 16  # a tune-nccl result nests 4 levels
-TIME_BOUND_S = 2.0  # a local file reads in microseconds; a hung network mount never returns
+TIME_BOUND_S = 10.0  # a local file reads in microseconds, even on a loaded machine; a hung network mount never returns
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -28,6 +29,19 @@ def read_json(path: os.PathLike | str, max_bytes: int = MAX_BYTES, max_depth: in
     """The JSON value in ``path``; FileNotFoundError where there is no such file; Unreadable (one line) for
     anything else that keeps it from being read: not a regular file, too large, not UTF-8, not JSON, nested too
     deep, or not read within ``time_bound_s`` (the reading thread is left behind, blocked, as a daemon)."""
+    text = read_text(path, max_bytes, time_bound_s)
+    depth = nesting_depth(text)
+    if depth > max_depth:
+        raise Unreadable(f"nests {depth} levels deep (at most {max_depth})")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise Unreadable(f"is not valid JSON ({exc})") from None
+
+
+def read_text(path: os.PathLike | str, max_bytes: int = MAX_BYTES, time_bound_s: float = TIME_BOUND_S) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``, read within ``time_bound_s``; FileNotFoundError or
+    Unreadable (one line) otherwise."""
     outcome: list = []
 
     def read():
@@ -45,16 +59,9 @@ def read_json(path: os.PathLike | str, max_bytes: int = MAX_BYTES, max_depth: in
         raise outcome[0]
     raw = outcome[0]
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Unreadable(f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    depth = nesting_depth(text)
-    if depth > max_depth:
-        raise Unreadable(f"nests {depth} levels deep (at most {max_depth})")
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise Unreadable(f"is not valid JSON ({exc})") from None
 
 
 def _read_bytes(path, max_bytes: int) -> bytes:
@@ -73,7 +80,7 @@ def _read_bytes(path, max_bytes: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise Unreadable("is not a regular file")
         if info.st_size > max_bytes:
-            raise Unreadable(f"is {info.st_size} bytes, more than the {max_bytes} a tuned file can be")
+            raise Unreadable(f"is {info.st_size} bytes, more than the {max_bytes} read from such a file")
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, 65536)
@@ -82,7 +89,7 @@ def _read_bytes(path, max_bytes: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:  # grew while read
-                raise Unreadable(f"is more than the {max_bytes} bytes a tuned file can be")
+                raise Unreadable(f"is more than the {max_bytes} bytes read from such a file")
         return b"".join(chunks)
     except OSError as exc:
         raise Unreadable(f"cannot be read ({exc.strerror or exc})") from None

@@ -17,7 +17,8 @@ from typing import Callable, MutableMapping
 
 from sglang_pcie.runtime import tuned_file
 from sglang_pcie.runtime.settings import IPC_VARS, PCIE_PROFILE
-from sglang_pcie.runtime import gpus
+from sglang_pcie.runtime import gpus, launch as launches
+from sglang_pcie.runtime.launch import Launch
 from sglang_pcie.runtime.gpus import Topology
 
 # Set in the process that decided, so that spawned workers inherit the decision instead of probing again (and
@@ -41,6 +42,7 @@ class NcclDecision:
     # Why the tuned file named by SGLANG_PCIE_TUNED_FILE (or at its default path) cannot be used: one line naming
     # it; warned once by the process that decides, an error (exit 2) in the CLI.
     file_error: str | None = None
+    launch: Launch = Launch(1, "one node")  # how many nodes the server spans
 
     def as_dict(self) -> dict:
         out = {"requested": self.requested, "profile": self.profile, "values": self.values,
@@ -53,6 +55,9 @@ class NcclDecision:
                                "source": t.source, "detail": t.detail}
         if self.ipc is not None:
             out["ipc"] = self.ipc.as_dict()
+        out["nodes"] = {"count": self.launch.nodes, "source": self.launch.source}
+        if self.launch.problem:
+            out["nodes"]["problem"] = self.launch.problem
         return out
 
 
@@ -70,10 +75,12 @@ def _exists(path) -> bool:
 
 
 def decide(requested: str | None, environ: MutableMapping[str, str] | None = None,
-           probe: Callable[[], Topology] | None = None) -> NcclDecision:
-    """What ``requested`` (an SGLANG_PCIE_NCCL_PROFILE value) means on this machine. Touches nothing."""
+           probe: Callable[[], Topology] | None = None, launch: Launch | None = None) -> NcclDecision:
+    """What ``requested`` (an SGLANG_PCIE_NCCL_PROFILE value) means on this machine, for ``launch`` (default: what
+    the environment says; the launcher passes what its own arguments say). Touches nothing."""
     env = os.environ if environ is None else environ
     probe = probe or (lambda: gpus.probe_topology(env))
+    launch = launch or launches.detect([], env)
     topology, config, advice, file_error = None, None, None, None
     if requested is None:
         chosen, reason = None, "SGLANG_PCIE_NCCL_PROFILE is invalid: nothing applied"
@@ -85,7 +92,8 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
         topology = probe()
         tuned = tuned_file.read_named(env)  # the one read of the file on this decision
         file_error = tuned.error
-        config, tuned_reason = tuned_file.matching_config(topology, tuned, explicit=requested == "tuned", environ=env)
+        config, tuned_reason = tuned_file.matching_config(topology, tuned, explicit=requested == "tuned", environ=env,
+                                                          nodes=launch.nodes)
         if config is not None:
             chosen, reason = ("tuned", dict(config["values"])), tuned_reason
         elif requested == "tuned":
@@ -96,19 +104,35 @@ def decide(requested: str | None, environ: MutableMapping[str, str] | None = Non
                 reason = f"{reason}; {tuned_reason}"
             if topology.gpu_count > 1 and topology.nvlink is False:
                 advice = TUNE_ADVICE.format(count=topology.gpu_count)
+    if launch.multi_node and requested is not None:
+        reason, advice = _across_nodes(requested, launch, chosen is not None, reason)
     ipc = None
     # The IPC decision (and its module) only where there is something to decide: a measured win, or the user's
     # own setting to report. Everywhere else activation stays as cheap as before.
     if any(name in env for name in IPC_VARS) or (config is not None and (config.get("ipc") or {}).get("max_numel")):
         from sglang_pcie.runtime import allreduce
 
-        ipc = allreduce.decide_ipc(requested, config, topology, env)
+        ipc = allreduce.decide_ipc(requested, config, topology, env, launch=launch)
     if chosen is None:
-        return NcclDecision(requested, "none", {}, {}, reason, topology, advice, config, ipc, file_error)
+        return NcclDecision(requested, "none", {}, {}, reason, topology, advice, config, ipc, file_error, launch)
     name, profile = chosen
     values = {k: v for k, v in profile.items() if k not in env}
     user_set = {k: env[k] for k in profile if k in env}
-    return NcclDecision(requested, name, values, user_set, reason, topology, advice, config, ipc, file_error)
+    return NcclDecision(requested, name, values, user_set, reason, topology, advice, config, ipc, file_error, launch)
+
+
+def _across_nodes(requested: str, launch: Launch, applied: bool, reason: str) -> tuple[str, str | None]:
+    """(reason, the one line each node's launcher prints) for a launch that spans nodes."""
+    if requested == "off":
+        return reason, None
+    same = "every node must run the same NCCL settings (sglang-pcie compares them when the server starts)"
+    if applied:
+        how = "applied as asked" if requested == "pcie" else f"a tune-nccl result measured across {launch.nodes} nodes"
+        return reason, f"SGLANG_PCIE_NCCL_PROFILE={requested} on {launch.describe()}: {how}; {same}"
+    why = (f"{requested}: {launch.describe()}: no tune-nccl result measured across {launch.nodes} nodes here, and a"
+           " one-box result says nothing about an all-reduce over the network: NCCL defaults kept, the PCIe-IPC"
+           " all-reduce (single-node) stays off")
+    return why + (f" ({reason})" if "tuned NCCL file" in reason else ""), f"{why}; {same}"
 
 
 def _untuned_reason(topology: Topology) -> str:
@@ -126,12 +150,14 @@ def apply_for_process(settings, environ: MutableMapping[str, str] | None = None)
     env = os.environ if environ is None else environ
     if DECIDED_VAR in env:  # a parent process already decided; its variables were inherited
         return None
-    decision = decide(settings.nccl_profile, env)
+    decision = decide(settings.nccl_profile, env, launch=launches.detect(None, env))
     env.update(decision.values)
     if decision.ipc is not None:
         env.update(decision.ipc.values)
     env[DECIDED_VAR] = decision.profile
+    if decision.launch.multi_node:  # the workers compare every node's settings (the agreement check)
+        env[launches.NODES_VAR] = str(decision.launch.nodes)
     ipc_advice = decision.ipc.advice if decision.ipc is not None else None
-    for line in filter(None, (decision.file_error, decision.advice, ipc_advice)):
+    for line in filter(None, (decision.file_error, decision.launch.problem, decision.advice, ipc_advice)):
         sys.stderr.write(f"sglang-pcie: {line}\n")
     return decision

@@ -98,11 +98,13 @@ def installed_nccl() -> str | None:
     return ",".join(sorted(found)) or None
 
 
-def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | None = None) -> dict:
+def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | None = None,
+                nodes: int = 1) -> dict:
     """What a tuned profile depends on. ``topology`` is an ``nccl.Topology`` of the GPUs this process uses (so
-    CUDA_VISIBLE_DEVICES is part of it); ``nccl`` defaults to installed_nccl()."""
+    CUDA_VISIBLE_DEVICES is part of it); ``nccl`` defaults to installed_nccl(); ``nodes`` the nodes the all-reduce
+    spans (recorded only above 1, so a one-box file reads the same as before)."""
     env = os.environ if environ is None else environ
-    return {
+    return ({"nodes": nodes} if nodes > 1 else {}) | {
         "gpus": list(topology.gpu_names),
         "gpu_uuids": list(getattr(topology, "uuids", []) or []),
         "nvlink": topology.nvlink,
@@ -120,8 +122,11 @@ def _shown(value) -> str:
 
 
 def fingerprint_differences(recorded: dict, here: dict) -> list[str]:
-    return [f"{key} {_shown(recorded.get(key))} here {_shown(here.get(key))}"
-            for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
+    found = [f"{key} {_shown(recorded.get(key))} here {_shown(here.get(key))}"
+             for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
+    if recorded.get("nodes", 1) != here.get("nodes", 1):  # a one-box measurement is no evidence across the network
+        found.insert(0, f"measured on {recorded.get('nodes', 1)} node(s), launched on {here.get('nodes', 1)}")
+    return found
 
 
 def describe_machine(fp: dict) -> str:
@@ -170,6 +175,8 @@ def _fingerprint_problem(fp) -> str | None:
             return f"fingerprint.{key} {fp[key]!r} is not true, false or null"
     if not (fp["nccl"] is None or (isinstance(fp["nccl"], str) and len(fp["nccl"]) <= 256)):
         return f"fingerprint.nccl {fp['nccl']!r} is not a distribution name or null"
+    if "nodes" in fp and not (_is_int(fp["nodes"]) and fp["nodes"] > 1):
+        return f"fingerprint.nodes {fp['nodes']!r} is not a number of nodes above 1"
     transport = fp["transport_env"]
     if not isinstance(transport, dict):
         return "fingerprint.transport_env must be an object"
@@ -265,8 +272,8 @@ def read_config(path: Path) -> tuple[dict | None, str | None]:
     return config, None
 
 
-def matching_config(topology, tuned: TunedFile, explicit: bool,
-                    environ: Mapping[str, str] | None = None) -> tuple[dict | None, str]:
+def matching_config(topology, tuned: TunedFile, explicit: bool, environ: Mapping[str, str] | None = None,
+                    nodes: int = 1) -> tuple[dict | None, str]:
     """(the tuned file's config, reason) when one exists and was measured on these GPUs, else (None, reason).
 
     Its ``values`` may be {}: the sweep found nothing faster than NCCL's defaults, and that is a result too.
@@ -287,7 +294,7 @@ def matching_config(topology, tuned: TunedFile, explicit: bool,
                 warn(f"{reason}; no NCCL profile applied")
             return None, reason
         recorded = config["fingerprint"]
-        differences = fingerprint_differences(recorded, fingerprint(topology, environ))
+        differences = fingerprint_differences(recorded, fingerprint(topology, environ, nodes=nodes))
         if differences:
             reason = (f"{label}: tuned NCCL file {path} was measured on another setup"
                       f" ({'; '.join(differences)}): not applied")

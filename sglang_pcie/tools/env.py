@@ -9,7 +9,7 @@ import sys
 from sglang_pcie.runtime import nccl
 from sglang_pcie.runtime import gpus
 from sglang_pcie.tools.allreduce_report import format_report, report
-from sglang_pcie.tools.command import Command
+from sglang_pcie.tools.command import Command, UsageError
 from sglang_pcie.tools.common import USAGE_ERROR, settings_or_errors
 
 EPILOG = "Exit status: 0, or 2 when a setting (or the tuned file it names) is invalid."
@@ -17,11 +17,14 @@ EPILOG = "Exit status: 0, or 2 when a setting (or the tuned file it names) is in
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--nnodes", type=int, metavar="N",
+                   help="what a launch with SGLang's --nnodes N would get here (default: what this environment says:"
+                        " torch's launcher or SLURM variables, else one node)")
 
 
 def run(args: argparse.Namespace) -> int:
     settings, errors = settings_or_errors()
-    decision = nccl.decide(settings.nccl_profile)
+    decision = nccl.decide(settings.nccl_profile, launch=launch_of(args))
     if decision.file_error:
         errors.append(decision.file_error)
         print(f"sglang-pcie: error: {decision.file_error}", file=sys.stderr)
@@ -31,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
         return USAGE_ERROR if errors else 0
     print(f"SGLANG_PCIE_NCCL_PROFILE: {decision.requested or 'invalid'} -> profile {decision.profile}")
     print(f"why: {decision.reason}")
+    if decision.launch.multi_node or decision.launch.problem:
+        print(f"nodes: {decision.launch.describe() if decision.launch.multi_node else 'one'}"
+              + (f" ({decision.launch.problem})" if decision.launch.problem else ""))
     t = decision.topology if decision.topology is not None else gpus.probe_topology()
     if t.gpu_count == 0:
         print(f"GPUs: no GPU visible ({t.detail or t.source})")
@@ -53,6 +59,17 @@ def run(args: argparse.Namespace) -> int:
     for line in format_report(paths):
         print(line)
     return USAGE_ERROR if errors else 0
+
+
+def launch_of(args):
+    """The launch ``--nnodes`` describes, or the one this environment describes."""
+    from sglang_pcie.runtime import launch
+
+    if args.nnodes is not None:
+        if args.nnodes < 1:
+            raise UsageError(f"--nnodes {args.nnodes}: give a number of nodes, 1 or more")
+        return launch.detect(["--nnodes", str(args.nnodes)], {})
+    return launch.detect([], None)
 
 
 COMMAND = Command("env", "the NCCL profile, the PCIe-IPC all-reduce switch and the all-reduce paths a server would "

@@ -58,7 +58,7 @@ def test_a_huge_file_is_refused_by_its_size_before_reading(tmp_path):
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
         f.truncate(10 * 2**30)  # sparse: 10 GiB that take no disk
-    assert reason(huge) == f"is {10 * 2**30} bytes, more than the {bounded_read.MAX_BYTES} a tuned file can be"
+    assert reason(huge) == f"is {10 * 2**30} bytes, more than the {bounded_read.MAX_BYTES} read from such a file"
 
 
 def test_deep_nesting_is_refused_before_the_parser_recurses(tmp_path):
