@@ -1,27 +1,11 @@
 """tune-nccl's winner rule: which measured profile beats NCCL's defaults, and where the PCIe-IPC path wins."""
 from __future__ import annotations
 
-
 import pytest
 
-from sglang_pcie.tools import tune_nccl
-from sglang_pcie.runtime import tuned_file as tuning
-from sglang_pcie.runtime.gpus import Topology
-from sglang_pcie.tools import nccl_verdict
-from sglang_pcie.tools.nccl_verdict import choose
-
-PCIE_BOX = Topology(["NVIDIA RTX PRO 6000 Blackwell"] * 8, nvlink=False, p2p=False, source="nvml")
-NVLINK_BOX = Topology(["NVIDIA H200"] * 2, nvlink=True, p2p=True, source="nvml", detail="36 active NVLink links")
-PROFILES = tune_nccl.CANDIDATES
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """A private tuned-file path, and none of the developer's NCCL switches leaking into fingerprints."""
-    monkeypatch.setenv(tuning.TUNED_FILE_VAR, str(tmp_path / "nccl-tuned.json"))
-    for name in (*tuning.TRANSPORT_VARS, *tune_nccl.TUNABLE_VARS):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path / "nccl-tuned.json"
+from sglang_pcie.runtime.tuned_file import CANDIDATES as PROFILES
+from sglang_pcie.tools.tune_nccl import verdict as nccl_verdict
+from sglang_pcie.tools.tune_nccl.verdict import choose
 
 
 def runs(*sizes_us):

@@ -1,0 +1,182 @@
+"""sglang-pcie tune-nccl end to end: the sweep's orchestration (real subprocesses, time bounds, dropped profiles)
+with the scripted fake worker standing in for NCCL, usage errors, and the real worker on CPU tensors (gloo) in a real
+SGLang env."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_pcie.runtime import gpus
+from sglang_pcie.runtime import tuned_file as tuning
+from sglang_pcie.runtime.gpus import Topology
+from sglang_pcie.runtime.nccl import PCIE_PROFILE
+from sglang_pcie.tools import tune_nccl
+from sglang_pcie.tools.cli import main as cli_main
+
+from support import REPO
+
+PROFILES = tune_nccl.CANDIDATES
+
+
+def tune_nccl_main(argv: list) -> int:
+    return cli_main(["tune-nccl", *argv])
+
+
+def test_candidates_include_defaults_and_pcie_and_never_touch_nvls():
+    assert PROFILES["default"] == {} and PROFILES["pcie"] == PCIE_PROFILE
+    assert all("NCCL_NVLS_ENABLE" not in values for values in PROFILES.values())
+    assert all(name.startswith("NCCL_") for values in PROFILES.values() for name in values)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in state  # killed, waiting for init to reap it
+
+
+def test_sweep_drops_hanging_crashing_and_failing_profiles_and_writes_the_winner(fake_worker, isolated, capsys,
+                                                                                  monkeypatch):
+    command, log = fake_worker
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # kept as the environment has it
+    monkeypatch.setenv("NCCL_PROTO", "Simple")  # the user's own: not part of any measurement
+    out = isolated.parent / "out" / "tuned.json"
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--prefill-tokens", "none",
+                           "--timeout", "3", "--out", str(out),
+                           "--profiles", "algo-Tree,proto-Simple,proto-LL128,proto-LL,algo-Ring"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = json.loads(out.read_text())
+    assert config["winner"] == "proto-LL" and config["values"] == {"NCCL_PROTO": "LL"}
+    table = config["table"]
+    assert len(table["default"]["runs"]) == 2 and len(table["proto-LL"]["runs"]) == 2  # noise check, confirmation
+    assert table["default"]["runs"][0] == {"1": 11.0, "2": 21.0}  # the slower rank's time
+    assert table["algo-Tree"]["runs"] == [None]
+    assert table["algo-Tree"]["verdict"] == "dropped: timed out after 3 s (killed)"
+    # The crash ended the run at once (the waiting rank was killed), reported as the crash, not a timeout.
+    assert table["proto-Simple"]["verdict"] == "dropped: rank 1 exited with 3: boom"
+    assert "CUDA graph capture failed" in table["proto-LL128"]["verdict"]
+    assert table["algo-Ring"]["verdict"].startswith("slower than defaults")
+    assert config["fingerprint"]["transport_env"] == {"NCCL_NVLS_ENABLE": "0"}
+    assert config["measured"]["torch_nccl"] == "2.27.5" and config["measured"]["tp"] == 2
+
+    grandchildren = [int(p.read_text()) for p in log.glob("grandchild-*")]
+    assert grandchildren and all(_dead(pid) for pid in grandchildren)
+    environments = [json.loads(p.read_text()) for p in log.glob("*.json")]
+    assert all(e["nccl"].get("NCCL_NVLS_ENABLE") == "0" and e["world"] == "2" for e in environments)
+    assert sorted(e["rank"] for e in environments if e["nccl"] == {"NCCL_NVLS_ENABLE": "0"}) == [0, 0, 1, 1]
+    assert "| proto-LL | PROTO=LL | 9.0 | 17.0 | winner: faster at 1, 2 tok (2 runs) |" in captured.out
+    assert "Predicted communication per forward pass (2 x 61 layers" in captured.out
+    assert config["guarantee_sizes"] == [1, 2] and config["ipc"]["verdict"].startswith("not measured")
+    assert "measuring without your NCCL_PROTO" in captured.err and "[3/" in captured.err
+
+
+def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated, monkeypatch, capsys):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_ALL_FAIL", "1")
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--out", str(isolated)])
+    assert code == 1 and not isolated.exists()
+    assert "NCCL defaults could not be measured (rank " in capsys.readouterr().err
+    started = [json.loads(p.read_text()) for p in log.glob("*.json")]
+    # Only the defaults' ranks started (the second may have been killed before it began): no candidate ran.
+    assert 1 <= len(started) <= 2 and all(e["nccl"] == {} for e in started)
+
+
+def test_stopping_the_sweep_stops_its_workers(fake_worker, isolated, monkeypatch):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_HANG", "1")
+    code = (f"import sys; from sglang_pcie.tools import cli, tune_nccl; tune_nccl.WORKER_COMMAND = {command!r}; "
+            f"sys.exit(cli.main(['tune-nccl', '--backend', 'gloo', '--tp', '2', '--out', {str(isolated)!r}]))")
+    sweep = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stderr=subprocess.DEVNULL)
+    for _ in range(400):  # until both ranks have started
+        if len(list(log.glob("*.json"))) == 2:
+            break
+        time.sleep(0.05)
+    workers = [int(p.stem) for p in log.glob("*.json")]
+    assert len(workers) == 2 and sweep.poll() is None
+    sweep.terminate()  # SIGTERM, as `timeout` sends
+    assert sweep.wait(timeout=30) == 128 + 15
+    assert all(_dead(pid) for pid in workers) and not isolated.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens", "0"], "positive integers"),
+    (["--tokens", "a,b"], "positive integers"),
+    (["--timeout", "-1"], "positive number"),
+    (["--dtype", "int8"], "invalid choice"),
+    (["--profiles", "default,turbo"], "unknown profile 'turbo'"),
+    (["--tp", "1"], "at least 2 ranks"),
+    (["--backend", "gloo", "--tp", "2"], "give --out"),
+])
+def test_bad_usage_exits_2_naming_the_value(argv, message, capsys):
+    try:
+        code = tune_nccl_main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_nccl_backend_needs_the_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(gpus, "probe_topology", lambda: Topology(detail="no NVIDIA driver or GPU visible"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert tune_nccl_main(["--tp", "2"]) == 2 and "only 0 GPU(s) visible" in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_profiles_and_runs_nothing(fake_worker, capsys):
+    command, log = fake_worker
+    assert tune_nccl_main(["--backend", "gloo", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pcie" in out and "NCCL_PROTO=LL NCCL_ALGO=Ring" in out and not list(log.iterdir())
+
+
+def test_real_worker_checks_sums_and_the_fingerprint_names_torchs_nccl(torch_python, tmp_path):
+    out = tmp_path / "tuned.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([str(torch_python), "-m", "sglang_pcie", "tune-nccl", "--backend", "gloo", "--tp", "3",
+                           "--tokens", "1,3", "--prefill-tokens", "40", "--hidden", "512", "--layers", "2",
+                           "--profiles", "default", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    config = json.loads(out.read_text())
+    assert config["winner"] == "default" and config["values"] == {}
+    assert [sorted(run) for run in config["table"]["default"]["runs"]] == [["1", "3", "40"], ["1", "3", "40"]]
+    assert config["measured"]["allreduces_per_graph"] == {"1": 4, "3": 4, "40": 4}
+    # The launcher's cheap reading (the pip distribution) names the NCCL that torch actually links.
+    assert config["fingerprint"]["nccl"] == f"nvidia-nccl-cu12=={config['measured']['torch_nccl']}"
+
+
+def test_an_unwritable_out_is_refused_before_the_sweep(fake_worker, isolated, capsys):
+    command, log = fake_worker
+    blocker = isolated.parent / "a-file"
+    blocker.write_text("")
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--out", str(blocker / "tuned.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--out {blocker / 'tuned.json'}: {blocker} is not a folder" in err
+    assert not list(log.glob("*.json"))  # no worker started
+    assert tune_nccl.unwritable(isolated.parent / "new" / "deeper" / "tuned.json") is None  # created on write
+    assert "is a folder" in tune_nccl.unwritable(isolated.parent)
+
+
+def test_a_failed_write_keeps_the_measurements_on_stderr(fake_worker, isolated, capsys, monkeypatch):
+    command, _ = fake_worker
+
+    def refuse(path, config):
+        raise ValueError("refusing to write an unusable tuned file: test")
+
+    monkeypatch.setattr(tuning, "write_config", refuse)
+    out = isolated.parent / "out" / "tuned.json"
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--prefill-tokens", "none",
+                           "--profiles", "proto-LL", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists()
+    assert f"could not write {out}: refusing to write an unusable tuned file: test" in err
+    config = json.loads(err[err.index("\n{") + 1:])
+    assert config["winner"] in ("default", "proto-LL") and "table" in config
