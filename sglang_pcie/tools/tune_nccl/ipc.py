@@ -86,18 +86,26 @@ def run_ipc(spec: dict, world: int, decode: list[int], nccl_us: dict, noise: dic
     else:
         result["error"] = first.error
     result["runs"] = [_rounded(run) for run in measured]
-    judged = rule.ipc_verdict({t: nccl_us[t] for t in decode}, noise, measured)
+    reference = {t: nccl_us.get(t) for t in decode}
+    judged = rule.ipc_verdict(reference, noise, measured)
+    result["nccl_us"] = _rounded(reference)  # what it had to beat: the winning NCCL profile's fastest run
     result["wins"] = {str(t): won for t, won in judged["wins"].items()}
     result["worst"] = _rounded(judged["worst"])
+    result["too_noisy"] = judged["undecided"]
     best = judged["max_tokens"]
+
+    def why_not(size):
+        return (f"NCCL's noise at {size} tok is unknown or above {rule.MAX_NOISE:.0%}" if size in judged["undecided"]
+                else f"not faster than NCCL beyond the noise at {size} tok")
+
     if result.get("error"):
         result["verdict"] = f"the PCIe-IPC all-reduce failed here ({result['error']})"
     elif best is None:
-        result["verdict"] = f"the PCIe-IPC all-reduce is not faster than NCCL beyond the noise at {min(decode)} tok"
+        result["verdict"] = f"the PCIe-IPC all-reduce does not win here: {why_not(min(decode))}"
     else:
         result["max_tokens"], result["max_numel"] = best, best * hidden
         result["verdict"] = (f"the PCIe-IPC all-reduce beats NCCL at every measured size up to {best} tok"
-                             + ("" if best == top else f" (not at {min(t for t in decode if t > best)} tok)"))
+                             + ("" if best == top else f" ({why_not(min(t for t in decode if t > best))})"))
         result["tuned_max_numel"] = top * hidden if first.us is not None else None
         if best != top:
             again = runs.run(True, best, [best], f"tune() again for the server's workspace ({best} x {hidden})",

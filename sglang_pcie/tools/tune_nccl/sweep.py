@@ -1,5 +1,5 @@
-"""The sweep: every profile in fresh processes, the defaults first and last (their spread bounds the noise), then
-repeat runs of the best qualifier until the verdict is confirmed."""
+"""The sweep: every profile in fresh processes, NCCL's defaults at the start, the middle and the end (their runs
+bound the noise, drift included), then repeat runs of the best qualifier until the verdict is confirmed."""
 from __future__ import annotations
 
 import time
@@ -49,22 +49,35 @@ class _Runner:
         return outcome
 
 
+def plan(profiles: dict) -> list[str]:
+    """The runs in order: the candidates in rule.DEFAULT_RUNS - 1 even parts, the defaults before, between and after
+    them (3 runs: first, middle, last)."""
+    candidates = [n for n in profiles if n != "default"]
+    parts = rule.DEFAULT_RUNS - 1
+    order = []
+    for part in range(parts):
+        order += ["default", *candidates[len(candidates) * part // parts: len(candidates) * (part + 1) // parts]]
+    return order + ["default"]
+
+
 def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_command: list[str]) -> Sweep:
-    """Defaults first and last (their spread bounds the noise), every candidate once, then repeat runs of the
-    best qualifier until one is confirmed (verdict.choose)."""
+    """The runs of plan(), then repeat runs of the best qualifier until one is confirmed (verdict.choose). Without a
+    usable first defaults run the sweep stops there, with no verdict."""
     sweep = Sweep()
     began = time.monotonic()
-    plan = ["default", *[n for n in profiles if n != "default"], "default"]
-    runner = _Runner(sweep, profiles, spec, world, timeout, worker_command, len(plan))
-    first = runner.run(plan[0])
-    if first.us is None:  # nothing to compare against; the candidates would only burn time
+    order = plan(profiles)
+    runner = _Runner(sweep, profiles, spec, world, timeout, worker_command, len(order))
+    first = runner.run(order[0])
+    problem = rule.run_problem(first.us, spec["tokens"])
+    if problem:  # nothing to compare against; the candidates would only burn time
+        sweep.errors.setdefault("default", problem)
         sweep.wall_s = time.monotonic() - began
         return sweep
     runner.timeout = later_timeout(timeout, first.wall_s)
-    for name in plan[1:]:
+    for name in order[1:]:
         runner.run(name)
     for confirmations in range(MAX_CONFIRMATIONS + 1):
-        sweep.verdict = rule.choose(sweep.measured, profiles)
+        sweep.verdict = rule.choose(sweep.measured, profiles, spec["tokens"])
         if sweep.verdict.pending is None or confirmations == MAX_CONFIRMATIONS:
             break
         runner.total += 1

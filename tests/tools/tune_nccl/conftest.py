@@ -24,6 +24,8 @@ def isolated(tmp_path, monkeypatch):
 
 # The fake worker speaks the real worker's protocol and misbehaves the ways NCCL profiles do: hanging (with a
 # child of its own), one rank crashing while the other waits, failing capture, running slower or faster.
+# FAKE_DEFAULT_SCALES=a,b,c: the defaults' n-th run is that much slower (each rank counts its own defaults runs);
+# FAKE_DEFAULT_NAN=1: the defaults report NaN at their largest size.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, subprocess, sys, time
     spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
@@ -58,7 +60,15 @@ FAKE_WORKER = textwrap.dedent("""
         print(json.dumps({"rank": rank, "ok": False, "error": "RuntimeError: CUDA graph capture failed"}))
         sys.exit(1)
     speed = {"LL": 0.8}.get(proto, 1.0) if algo is None else 1.1
+    if os.environ.get("FAKE_DEFAULT_SCALES") and not set(nccl) - {"NCCL_NVLS_ENABLE"}:
+        counter = os.path.join(os.environ["FAKE_WORKER_LOG"], f"defaults-{rank}")
+        done = int(open(counter).read()) if os.path.exists(counter) else 0
+        open(counter, "w").write(str(done + 1))
+        scales = os.environ["FAKE_DEFAULT_SCALES"].split(",")
+        speed = float(scales[done % len(scales)])
     us = {str(t): 10.0 * t * speed + rank for t in spec["tokens"]}
+    if os.environ.get("FAKE_DEFAULT_NAN") and not nccl:
+        us[str(max(spec["tokens"]))] = float("nan")
     print(json.dumps({"rank": rank, "ok": True, "us": us, "nccl": "2.27.5", "device": "Fake GPU"}))
 """)
 

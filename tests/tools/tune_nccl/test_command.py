@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,7 +57,7 @@ def test_sweep_drops_hanging_crashing_and_failing_profiles_and_writes_the_winner
     config = json.loads(out.read_text())
     assert config["winner"] == "proto-LL" and config["values"] == {"NCCL_PROTO": "LL"}
     table = config["table"]
-    assert len(table["default"]["runs"]) == 2 and len(table["proto-LL"]["runs"]) == 2  # noise check, confirmation
+    assert len(table["default"]["runs"]) == 3 and len(table["proto-LL"]["runs"]) == 2  # noise check, confirmation
     assert table["default"]["runs"][0] == {"1": 11.0, "2": 21.0}  # the slower rank's time
     assert table["algo-Tree"]["runs"] == [None]
     assert table["algo-Tree"]["verdict"] == "dropped: timed out after 3 s (killed)"
@@ -71,11 +72,24 @@ def test_sweep_drops_hanging_crashing_and_failing_profiles_and_writes_the_winner
     assert grandchildren and all(_dead(pid) for pid in grandchildren)
     environments = [json.loads(p.read_text()) for p in log.glob("*.json")]
     assert all(e["nccl"].get("NCCL_NVLS_ENABLE") == "0" and e["world"] == "2" for e in environments)
-    assert sorted(e["rank"] for e in environments if e["nccl"] == {"NCCL_NVLS_ENABLE": "0"}) == [0, 0, 1, 1]
+    assert sorted(e["rank"] for e in environments if e["nccl"] == {"NCCL_NVLS_ENABLE": "0"}) == [0, 0, 0, 1, 1, 1]
+    # The defaults first, in the middle of the candidates (CANDIDATES' order) and last; then the confirmation.
+    order = re.findall(r"^tune-nccl: \[\d+/\d+\] (\S+) +(?:\(none\)|NCCL_)", captured.err, re.M)
+    assert order == ["default", "proto-LL", "proto-LL128", "default", "proto-Simple", "algo-Ring", "algo-Tree",
+                     "default", "proto-LL"], captured.err
+    assert "| default | (none) | 11.0 | 21.0 | baseline (3 runs) |" in captured.out
     assert "| proto-LL | PROTO=LL | 9.0 | 17.0 | winner: faster at 1, 2 tok (2 runs) |" in captured.out
     assert "Predicted communication per forward pass (2 x 61 layers" in captured.out
+    assert "NCCL winner: proto-LL: NCCL_PROTO=LL\nNCCL verdict: proto-LL: never slower than NCCL's defaults" in (
+        captured.out)
+    assert config["verdict"] == ("proto-LL: never slower than NCCL's defaults at the 2 sizes (worst 0.818 x their "
+                                 "median), faster beyond the noise at 1, 2 tok, mean gain 18.6%, 2 runs")
+    assert config["measured"]["baseline"] == {"1": 11.0, "2": 21.0}
+    assert config["measured"]["noise"] == {"1": 0.03, "2": 0.03} and config["measured"]["spread"] == {"1": 0, "2": 0}
+    assert table["proto-LL"]["worst_ratio"] == 0.8182 and "mean_gain" in table["proto-LL"]
     assert config["guarantee_sizes"] == [1, 2] and config["ipc"]["verdict"].startswith("not measured")
-    assert "measuring without your NCCL_PROTO" in captured.err and "[3/" in captured.err
+    assert "measuring without your NCCL_PROTO" in captured.err
+    assert tuning.read_config(out) == (config, None)  # the launcher's reader takes the new fields
 
 
 def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated, monkeypatch, capsys):
@@ -87,6 +101,36 @@ def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated
     started = [json.loads(p.read_text()) for p in log.glob("*.json")]
     # Only the defaults' ranks started (the second may have been killed before it began): no candidate ran.
     assert 1 <= len(started) <= 2 and all(e["nccl"] == {} for e in started)
+
+
+def test_defaults_too_noisy_to_decide_keep_nccls_defaults_and_say_why(fake_worker, isolated, monkeypatch, capsys):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_DEFAULT_SCALES", "1.5,2,1.2")  # a robust spread near 19%: beyond the 10% limit
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--prefill-tokens", "none",
+                           "--profiles", "proto-LL", "--out", str(isolated)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = json.loads(isolated.read_text())
+    assert config["winner"] == "default" and config["values"] == {}
+    why = "NCCL's defaults kept: too noisy to decide: the defaults' 3 runs spread 19.4% at 2 tok (and more than 10%"
+    assert config["verdict"].startswith(why) and f"\nNCCL verdict: {why}" in captured.out
+    assert config["measured"]["spread"] == {"1": 0.1875, "2": 0.1935}
+    # proto-LL beats even the defaults' fastest run beyond that noise, but nothing is decided: no confirmation run,
+    # the defaults stay.
+    assert config["table"]["proto-LL"]["verdict"] == "qualified, not chosen (defaults kept)"
+    assert len(config["table"]["proto-LL"]["runs"]) == 1 and "confirming" not in captured.err
+    assert "| default | (none) | 16.0 | 31.0 | winner (NCCL defaults: nothing set; too noisy to decide" in captured.out
+
+
+def test_a_defaults_run_with_a_figure_that_is_none_writes_nothing(fake_worker, isolated, monkeypatch, capsys):
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_DEFAULT_NAN", "1")
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--tokens", "1,2", "--prefill-tokens", "none",
+                           "--out", str(isolated)])
+    assert code == 1 and not isolated.exists()
+    err = capsys.readouterr().err
+    assert "NCCL defaults could not be measured (nan us at 2 tok); nothing written" in err
+    assert len(list(log.glob("*.json"))) == 2  # the first defaults run only
 
 
 def test_stopping_the_sweep_stops_its_workers(fake_worker, isolated, monkeypatch):
@@ -147,7 +191,7 @@ def test_real_worker_checks_sums_and_the_fingerprint_names_torchs_nccl(torch_pyt
     assert done.returncode == 0, done.stderr
     config = json.loads(out.read_text())
     assert config["winner"] == "default" and config["values"] == {}
-    assert [sorted(run) for run in config["table"]["default"]["runs"]] == [["1", "3", "40"], ["1", "3", "40"]]
+    assert [sorted(run) for run in config["table"]["default"]["runs"]] == [["1", "3", "40"]] * 3
     assert config["measured"]["allreduces_per_graph"] == {"1": 4, "3": 4, "40": 4}
     # The launcher's cheap reading (the pip distribution) names the NCCL that torch actually links.
     assert config["fingerprint"]["nccl"] == f"nvidia-nccl-cu12=={config['measured']['torch_nccl']}"
