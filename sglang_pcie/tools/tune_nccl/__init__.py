@@ -24,6 +24,7 @@ rank, in a worker process: ``python -m sglang_pcie.tools.tune_nccl --worker SPEC
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -44,7 +45,9 @@ __all__ = ["CANDIDATES", "COMMAND", "TUNABLE_VARS", "WORKER_COMMAND"]
 DECODE_TOKENS = [1, 2, 4, 8]
 PREFILL_TOKENS = [512, 2048, 8192]
 # The worker processes each profile's ranks run: this package with --worker SPEC (tests put a fake here).
-WORKER_COMMAND = [sys.executable, "-m", "sglang_pcie.tools.tune_nccl"]
+REAL_WORKER = [sys.executable, "-m", "sglang_pcie.tools.tune_nccl"]
+WORKER_COMMAND = list(REAL_WORKER)
+INSTALL_TORCH = "pip install torch, or pip install 'sglang-pcie[serve]' for SGLang and FlashInfer too"
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -82,7 +85,8 @@ DESCRIPTION = (
     "Measure NCCL profiles (and FlashInfer's PCIe-IPC all-reduce) at decode and prefill all-reduce sizes on "
     "the GPUs this process sees, and write what is faster than NCCL's defaults beyond the measured noise (and "
     "never more than 3% slower at any measured size) to the tuned file that SGLANG_PCIE_NCCL_PROFILE=auto|tuned "
-    "uses; where the defaults' own runs are too noisy to tell, NCCL's defaults are kept.")
+    "uses; where the defaults' own runs are too noisy to tell, NCCL's defaults are kept. A real run needs torch "
+    f"({INSTALL_TORCH}) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,16 +150,31 @@ def _profiles(args) -> dict:
     return {n: CANDIDATES[n] for n in CANDIDATES if n == "default" or n in wanted}
 
 
+def _torch_missing() -> str | None:
+    """Why the real workers cannot run here (None when they can): torch is not installed for this Python. Found
+    without importing it."""
+    if WORKER_COMMAND != REAL_WORKER or importlib.util.find_spec("torch") is not None:
+        return None
+    return f"needs torch, which is not installed for {sys.executable}: {INSTALL_TORCH}"
+
+
 def _ranks(args, gloo: bool):
-    """(ranks, the topology of the GPUs they use): --tp, else every visible GPU (2 CPU ranks with gloo)."""
+    """(ranks, the topology of the GPUs they use): --tp, else every visible GPU (2 CPU ranks with gloo; a --dry-run
+    where fewer than 2 GPUs are visible previews 2 ranks, and says so)."""
     topology = gpus.probe_topology()
     available = topology.gpu_count
-    world = args.tp or (2 if gloo else available)
-    if world < 2:
-        given = f"--tp {world}" if args.tp else f"{available} GPU(s) visible ({topology.detail or topology.source})"
-        raise UsageError(f"{given}: an all-reduce needs at least 2 ranks")
+    seen = f"{available} GPU(s) visible ({topology.detail or topology.source})"
+    preview = args.dry_run and not gloo and available < (args.tp or 2)
+    world = args.tp or (2 if gloo or preview else available)
+    if world < 2:  # (a --tp below 2 is refused before)
+        raise UsageError(f"{seen}: an all-reduce needs at least 2 ranks; --dry-run previews without them")
+    if preview:
+        progress(f"note: a preview: {seen}; showing what would run over {world} ranks"
+                 + ("" if args.tp else " (without --tp: 2 where fewer than 2 GPUs are visible)")
+                 + f"; a real run needs {world} GPUs")
+        return world, topology
     if not gloo and world > available:
-        raise UsageError(f"--tp {world}: only {available} GPU(s) visible ({topology.detail or topology.source})")
+        raise UsageError(f"--tp {world}: only {seen}; --dry-run previews without them")
     if not gloo and world < available:
         progress(f"note: measuring {world} of the {available} visible GPUs; the result applies to a server that "
                  f"sees exactly those (set CUDA_VISIBLE_DEVICES to them for the server)")
@@ -172,7 +191,7 @@ def _announce(args, world: int, fingerprint: dict, profiles: dict, spec: dict, s
     progress(f"{world} ranks on {tuned_file.describe_machine(fingerprint)}; {len(profiles)} profiles; {args.dtype} "
              f"{'/'.join(map(str, sizes))} tokens x {args.hidden}, {counts} all-reduces per "
              f"{'CUDA graph' if args.backend != 'gloo' else 'timed loop'}; PCIe-IPC all-reduce: {ipc}; "
-             f"writing {out}")
+             f"{'would write' if args.dry_run else 'writing'} {out}")
     stripped = sorted(name for name in TUNABLE_VARS if name in os.environ)
     if stripped:
         progress(f"measuring without your {', '.join(stripped)} (each profile sets its own); at server start "
@@ -219,9 +238,15 @@ def _write(out: Path, config: dict) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     profiles = _profiles(args)
+    if args.tp is not None and args.tp < 2:
+        raise UsageError(f"--tp {args.tp}: an all-reduce needs at least 2 ranks")
     gloo = args.backend == "gloo"
     if gloo and not args.out and not args.dry_run:
         raise UsageError("--backend gloo measures nothing NCCL would use: give --out, so the real tuned file is kept")
+    no_torch = _torch_missing()
+    if no_torch and not args.dry_run:  # said before the GPUs are probed: on a machine without torch, that is the news
+        print(f"{COMMAND.prefix}: error: {no_torch}", file=sys.stderr)
+        return 1
     world, topology = _ranks(args, gloo)
     out = args.out or tuned_file.config_path()
     fingerprint = tuned_file.fingerprint(topology)
@@ -231,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
     skip_ipc = ipc_unavailable(world, args)
     _announce(args, world, fingerprint, profiles, spec, skip_ipc, out)
     if args.dry_run:
+        if no_torch:
+            progress(f"note: a real run {no_torch}")
         return _dry_run(profiles, args, skip_ipc)
     problem = unwritable(out)
     if problem:  # found now, not after a sweep of many minutes

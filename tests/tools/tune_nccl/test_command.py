@@ -168,10 +168,71 @@ def test_bad_usage_exits_2_naming_the_value(argv, message, capsys):
     assert code == 2 and message in capsys.readouterr().err
 
 
-def test_nccl_backend_needs_the_gpus(monkeypatch, capsys):
-    monkeypatch.setattr(gpus, "probe_topology", lambda: Topology(detail="no NVIDIA driver or GPU visible"))
+NO_GPU = Topology(detail="no NVIDIA driver or GPU visible")
+
+
+def test_nccl_backend_needs_the_gpus(fake_worker, monkeypatch, capsys):
+    # (A fake worker needs no torch, so the GPUs are what is missing here.)
+    monkeypatch.setattr(gpus, "probe_topology", lambda environ=None: NO_GPU)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert tune_nccl_main(["--tp", "2"]) == 2 and "only 0 GPU(s) visible" in capsys.readouterr().err
+    assert tune_nccl_main(["--tp", "2"]) == 2
+    assert capsys.readouterr().err == ("sglang-pcie tune-nccl: error: --tp 2: only 0 GPU(s) visible (no NVIDIA driver "
+                                       "or GPU visible); --dry-run previews without them\n")
+    assert tune_nccl_main([]) == 2
+    assert "0 GPU(s) visible (no NVIDIA driver or GPU visible): an all-reduce needs at least 2 ranks; --dry-run" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("tp", [None, 4])
+def test_dry_run_without_a_gpu_is_a_preview_that_says_so(tp, fake_worker, monkeypatch, capsys):
+    command, log = fake_worker
+    monkeypatch.setattr(gpus, "probe_topology", lambda environ=None: NO_GPU)
+    assert tune_nccl_main(["--dry-run", *(["--tp", str(tp)] if tp else [])]) == 0
+    captured = capsys.readouterr()
+    listed = [line.split()[0] for line in captured.out.splitlines()]
+    assert listed == [*PROFILES, "pcie-ipc"] and not list(log.iterdir())
+    world = tp or 2
+    assert (f"tune-nccl: note: a preview: 0 GPU(s) visible (no NVIDIA driver or GPU visible); showing what would run "
+            f"over {world} ranks" + ("" if tp else " (without --tp: 2 where fewer than 2 GPUs are visible)")
+            + f"; a real run needs {world} GPUs\n") in captured.err
+    assert f"tune-nccl: {world} ranks on 0 x no GPU" in captured.err and "; would write " in captured.err
+    assert tune_nccl_main(["--dry-run", "--tp", "1"]) == 2 and "at least 2 ranks" in capsys.readouterr().err
+
+
+def no_torch(monkeypatch):
+    """torch unimportable here, as Python marks a blocked module (find_spec answers None), whatever is installed;
+    the real worker command, which runs in this Python."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(tune_nccl, "WORKER_COMMAND", list(tune_nccl.REAL_WORKER))
+
+
+def test_without_torch_a_real_run_says_so_in_one_line_before_probing_the_gpus(monkeypatch, capsys, isolated):
+    no_torch(monkeypatch)
+
+    def probe(environ=None):
+        raise AssertionError("the GPUs were probed")
+
+    monkeypatch.setattr(gpus, "probe_topology", probe)
+    assert tune_nccl_main(["--tp", "2"]) == 1 and not isolated.exists()
+    assert capsys.readouterr().err == (
+        f"sglang-pcie tune-nccl: error: needs torch, which is not installed for {sys.executable}: pip install torch, "
+        f"or pip install 'sglang-pcie[serve]' for SGLang and FlashInfer too\n")
+
+
+def test_without_torch_a_dry_run_previews_and_notes_it(monkeypatch, capsys):
+    no_torch(monkeypatch)
+    monkeypatch.setattr(gpus, "probe_topology", lambda environ=None: NO_GPU)
+    assert tune_nccl_main(["--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("default        (NCCL defaults)\n")
+    assert "tune-nccl: note: a real run needs torch, which is not installed for " in captured.err
+
+
+def test_help_says_a_real_run_needs_torch_and_gpus(capsys):
+    assert tune_nccl_main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("A real run needs torch (pip install torch, or pip install 'sglang-pcie[serve]' for SGLang and FlashInfer "
+            "too) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either.") in text
 
 
 def test_dry_run_lists_the_profiles_and_runs_nothing(fake_worker, capsys):
