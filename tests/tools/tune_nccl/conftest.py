@@ -25,7 +25,7 @@ def isolated(tmp_path, monkeypatch):
 # The fake worker speaks the real worker's protocol and misbehaves the ways NCCL profiles do: hanging (with a
 # child of its own), one rank crashing while the other waits, failing capture, running slower or faster.
 # FAKE_DEFAULT_SCALES=a,b,c: the defaults' n-th run is that much slower (each rank counts its own defaults runs);
-# FAKE_DEFAULT_NAN=1: the defaults report NaN at their largest size.
+# FAKE_DEFAULT_NAN=1: the defaults report NaN at their largest size. FAKE_WORKER_PLAIN=1: no profile misbehaves.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, subprocess, sys, time
     spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
@@ -47,16 +47,17 @@ FAKE_WORKER = textwrap.dedent("""
                           "tuned_shapes": len(spec["tune_batches"]) if spec["tune"] else 0}))
         sys.exit(0)
     algo, proto = nccl.get("NCCL_ALGO"), nccl.get("NCCL_PROTO")
-    if algo == "Tree":  # hangs, with a child that must die with it
+    plain = os.environ.get("FAKE_WORKER_PLAIN")
+    if algo == "Tree" and not plain:  # hangs, with a child that must die with it
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         open(os.path.join(os.environ["FAKE_WORKER_LOG"], f"grandchild-{rank}"), "w").write(str(child.pid))
         time.sleep(300)
-    if proto == "Simple":  # rank 1 crashes; rank 0 would wait for it forever
+    if proto == "Simple" and not plain:  # rank 1 crashes; rank 0 would wait for it forever
         if rank == 1:
             sys.stderr.write("boom\\n")
             sys.exit(3)
         time.sleep(300)
-    if proto == "LL128":
+    if proto == "LL128" and not plain:
         print(json.dumps({"rank": rank, "ok": False, "error": "RuntimeError: CUDA graph capture failed"}))
         sys.exit(1)
     speed = {"LL": 0.8}.get(proto, 1.0) if algo is None else 1.1

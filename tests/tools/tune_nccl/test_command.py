@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,36 @@ def test_sweep_drops_hanging_crashing_and_failing_profiles_and_writes_the_winner
     assert config["guarantee_sizes"] == [1, 2] and config["ipc"]["verdict"].startswith("not measured")
     assert "measuring without your NCCL_PROTO" in captured.err
     assert tuning.read_config(out) == (config, None)  # the launcher's reader takes the new fields
+
+
+def test_the_sweep_measures_every_candidate_with_exactly_its_variables(fake_worker, isolated, monkeypatch, capsys):
+    # CANDIDATES (runtime/tuned_file.py, which the launcher validates a file against) is the one list: without
+    # --profiles every entry runs, each rank with exactly that entry's variables and no other tunable one.
+    command, log = fake_worker
+    monkeypatch.setenv("FAKE_WORKER_PLAIN", "1")
+    for name in tune_nccl.TUNABLE_VARS:
+        monkeypatch.setenv(name, "from-the-user")  # stripped from every run
+    code = tune_nccl_main(["--backend", "gloo", "--tp", "2", "--tokens", "1", "--prefill-tokens", "none",
+                           "--out", str(isolated)])
+    assert code == 0, capsys.readouterr().err
+    config = json.loads(isolated.read_text())
+    assert sorted(config["table"]) == sorted(tuning.CANDIDATES)
+    assert all(config["table"][name]["values"] == values for name, values in tuning.CANDIDATES.items())
+    assert config["values"] == tuning.CANDIDATES[config["winner"]]
+    seen = Counter(frozenset(json.loads(p.read_text())["nccl"].items()) for p in log.glob("*.json"))
+    assert seen == {frozenset(values.items()): 2 * len(config["table"][name]["runs"])
+                    for name, values in tuning.CANDIDATES.items()}
+    assert set(tune_nccl.TUNABLE_VARS) == {k for values in tuning.CANDIDATES.values() for k in values}
+    assert tune_nccl.CANDIDATES is tuning.CANDIDATES
+
+
+def test_the_docs_and_the_gpu_script_name_only_candidates_and_the_docs_all_of_them():
+    table = (REPO / "docs" / "tune-nccl.md").read_text().split("| profile | variables |", 1)[1].split("\n\n", 1)[0]
+    documented = {name.strip() for row in table.splitlines()[2:] for name in row.split("|")[1].split("/")}
+    assert documented == set(tuning.CANDIDATES)
+    script = (REPO / "benchmarks" / "gpu_nccl_ipc.sh").read_text()
+    named = {n for listed in re.findall(r"--profiles ([\w,-]+)", script) for n in listed.split(",")}
+    assert named and named <= set(tuning.CANDIDATES)
 
 
 def test_sweep_stops_and_writes_nothing_when_defaults_fail(fake_worker, isolated, monkeypatch, capsys):
