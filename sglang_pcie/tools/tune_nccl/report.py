@@ -76,8 +76,8 @@ def rule_text(sizes: list[int], args, world: int) -> str:
             f"it never wins if it is more than {rule.SLOWER_TOLERANCE:.0%} slower than the baseline at any of these "
             f"sizes (a fixed limit the noise never widens); it qualifies only if it beats the defaults' fastest run "
             f"by more than the noise at one size or more and its mean relative gain over the sizes is above zero; "
-            f"qualifiers rank never slower than the baseline first, then by mean gain, worst ratio, fewer variables; the "
-            f"winner is confirmed by {rule.CONFIRM_RUNS} runs. The PCIe-IPC all-reduce wins at a size only where "
+            f"qualifiers rank never slower than the baseline first, then by mean gain, worst ratio, fewer variables; "
+            f"the winner is confirmed by {rule.CONFIRM_RUNS} runs. The PCIe-IPC all-reduce wins at a size only where "
             f"its slowest run beats the winning NCCL profile's fastest run by more than the noise there")
 
 
