@@ -31,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sglang_pcie.runtime import gpus
 from sglang_pcie.tools import tune_nccl  # noqa: E402
+from sglang_pcie.tools.tune_nccl import launch  # noqa: E402
+from sglang_pcie.tools.tune_nccl.ipc import sglang_tune_ladder  # noqa: E402
+from sglang_pcie.tools.tune_nccl.measure import IPC_NAME  # noqa: E402
 
 
-PATHS = ("nccl", tune_nccl.IPC_NAME)
+PATHS = ("nccl", IPC_NAME)
 
 
 def _paths(text: str) -> list[str]:
@@ -87,7 +90,7 @@ def main(argv=None, worker_command=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # A scratch tune cache for the workers: the benchmark's workspace sizes must not land in the cache a server reads.
     scratch = {"FLASHINFER_AUTOTUNE_DIR": str(out / "flashinfer-autotune")}
-    command = worker_command or [sys.executable, "-m", "sglang_pcie.tools.tune_nccl"]
+    command = worker_command or list(tune_nccl.WORKER_COMMAND)
     results = {"world": world, "gpus": topology.gpu_names, "nvlink": topology.nvlink, "p2p": topology.p2p,
                "tokens": args.tokens, "layers": args.layers, "runs": []}
     top = max(args.tokens)
@@ -101,8 +104,8 @@ def main(argv=None, worker_command=None) -> int:
                     "allreduces": 2 * args.layers}
             if path != "nccl":
                 spec.update(path=path, tune=not args.no_tune, max_numel=top * hidden,
-                            tune_batches=tune_nccl.sglang_tune_ladder(top), soak=args.soak)
-            outcome = tune_nccl.run_profile(scratch, spec, world, args.timeout, command, keep_stderr=args.show_stderr)
+                            tune_batches=sglang_tune_ladder(top), soak=args.soak)
+            outcome = launch.run_profile(scratch, spec, world, args.timeout, command, keep_stderr=args.show_stderr)
             row = {"hidden": hidden, "path": path, "wall_s": round(outcome.wall_s, 1), "error": outcome.error,
                    "us": {str(t): v for t, v in (outcome.us or {}).items()}, "info": outcome.info,
                    "stderr_tails": {str(r): lines for r, lines in outcome.stderr_tails.items()}}
@@ -114,8 +117,8 @@ def main(argv=None, worker_command=None) -> int:
                      f" configurations)"
                      if outcome.info.get("tuned_shapes") is not None else ""), flush=True)
             if outcome.stderr_tails:  # a failure, or --show-stderr
-                print(f"# the ranks' stderr ends (last {tune_nccl.STDERR_TAIL_LINES} lines each):\n"
-                      + tune_nccl.format_tails(outcome.stderr_tails, indent="#   "), flush=True)
+                print(f"# the ranks' stderr ends (last {launch.STDERR_TAIL_LINES} lines each):\n"
+                      + launch.format_tails(outcome.stderr_tails, indent="#   "), flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
     results["wall_s"] = round(time.monotonic() - began, 1)
@@ -130,7 +133,7 @@ def render(results: dict) -> str:
             "|---|---|" + "---|" * len(tokens)]
     by = {(r["hidden"], r["path"]): r for r in results["runs"]}
     for (hidden, path), row in by.items():
-        cells = [tune_nccl._format_us(row["us"].get(str(t))) for t in tokens]
+        cells = [launch.format_us(row["us"].get(str(t))) for t in tokens]
         label = path if not row["error"] else f"{path} (failed: {row['error'][:120]})"
         rows.append(f"| {hidden} | {label} | " + " | ".join(cells) + " |")
         nccl_row = by.get((hidden, "nccl"))

@@ -1,5 +1,6 @@
-"""One rank of tune_nccl's PCIe-IPC worker (``_measure_ipc``, the real code) on CPU: gloo instead of NCCL, and
-stand-ins for what needs a GPU - torch.cuda's streams, events and graphs, and FlashInfer's workspace.
+"""One rank of tune_nccl's PCIe-IPC worker (``tune_nccl.measure_ipc.measure_ipc``, the real code) on CPU: gloo
+instead of NCCL, and stand-ins for what needs a GPU - torch.cuda's streams, events and graphs, and FlashInfer's
+workspace.
 
 The workspace stand-in keeps FlashInfer 0.7.2's signatures and enforces the collective contract of
 ``PcieIpcAllReduceWorkspace`` as its docstring states it: tune() before prepare() (tune clears resolved
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.environ.get("SGLANG_PCIE_REPO", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from sglang_pcie.tools import tune_nccl  # noqa: E402
+from sglang_pcie.tools.tune_nccl import measure_ipc  # noqa: E402
 
 CALLS = []  # what the worker asked of the workspace, in order
 
@@ -210,13 +211,13 @@ def install_flashinfer_stand_in():
 def main():
     spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as tune_nccl.run_worker
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as tune_nccl's run_worker
     install_cuda_stand_ins()
     install_flashinfer_stand_in()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     report = {"rank": rank, "ok": False}
     try:
-        report["us"] = tune_nccl._measure_ipc(torch, dist, spec, rank, world, torch.device("cpu"), report)
+        report["us"] = measure_ipc.measure_ipc(torch, dist, spec, rank, world, torch.device("cpu"), report)
         report["ok"] = True
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"[:400]
