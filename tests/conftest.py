@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO, cuda_stub  # (pytest puts tests/ on sys.path: pyproject's pythonpath)
+from support import REPO, SUPPORT, cuda_stub  # (pytest puts tests/ on sys.path: pyproject's pythonpath)
+
+SCRIPTS = SUPPORT / "scripts"  # the programs tests run in child processes
 
 # The checkout's own package, whatever the runner has installed (CI clones to another path).
 if str(REPO) not in sys.path:
@@ -64,9 +66,21 @@ class SglangEnv:
         return subprocess.run([str(self.python), "-c", code], env=self.env(env), cwd=self.workdir,
                               capture_output=True, text=True, timeout=timeout)
 
+    def run_script(self, script: str, *args, env: dict | None = None, timeout: float = 900,
+                   flags: tuple = ()) -> subprocess.CompletedProcess:
+        """``python [flags] tests/support/scripts/<script> args...`` in this SGLang install."""
+        return subprocess.run([str(self.python), *flags, str(SCRIPTS / script), *map(str, args)], env=self.env(env),
+                              cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+
+    def run_script_json(self, script: str, *args, env: dict | None = None, timeout: float = 900):
+        """The JSON value the script prints on its last stdout line; fails the test on a non-zero exit."""
+        return self._json(self.run_script(script, *args, env=env, timeout=timeout))
+
     def run_json(self, code: str, env: dict | None = None, timeout: float = 900):
         """The JSON value ``code`` prints on its last stdout line; fails the test on a non-zero exit."""
-        proc = self.run(code, env, timeout)
+        return self._json(self.run(code, env, timeout))
+
+    def _json(self, proc: subprocess.CompletedProcess):
         if proc.returncode != 0:
             pytest.fail(f"child python (sglang {self.version}) exited {proc.returncode}\n{output_tails(proc)}",
                         pytrace=False)

@@ -8,44 +8,11 @@ import pytest
 
 VERSIONS = ["0.5.9", "0.5.23"]
 
-SPAWN_HELPER = '''
-import os, sys
-
-def overlay_state():
-    import sglang
-    import sglang_pcie.runtime.activate as act
-    return {"activated": act._activated, "decided": os.environ.get("SGLANG_PCIE_NCCL_DECIDED"),
-            "proto": os.environ.get("NCCL_PROTO")}
-'''
-
-ACTIVATION = '''
-import importlib.metadata as md, json, multiprocessing, os, sys
-import sglang
-import sglang_pcie.runtime.activate as act
-import spawn_helper
-state = {"in_launcher": spawn_helper.overlay_state()}
-with multiprocessing.get_context("spawn").Pool(1) as pool:  # as SGLang starts its scheduler / TP workers
-    state["in_spawned_worker"] = pool.apply(spawn_helper.overlay_state)
-state["entry_points"] = [ep.value for ep in md.entry_points(group="sglang.srt.plugins")]
-watcher = next(f for f in sys.meta_path if type(f).__name__ == "ImportWatcher")
-before = {name: len(cbs) for name, cbs in watcher.callbacks.items()}
-try:
-    from sglang.srt.plugins import load_plugins
-except ImportError:
-    load_plugins = None
-if load_plugins:
-    load_plugins()
-state["plugin_framework"] = load_plugins is not None
-state["callbacks_unchanged_by_plugin_load"] = before == {n: len(c) for n, c in watcher.callbacks.items()}
-print(json.dumps(state))
-'''
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_import_sglang_activates_launcher_and_spawned_workers(sglang_env, version, tmp_path):
-    (tmp_path / "spawn_helper.py").write_text(SPAWN_HELPER)
-    state = sglang_env(version).run_json(ACTIVATION, env={"PYTHONPATH": str(tmp_path),
-                                                          "SGLANG_PCIE_NCCL_PROFILE": "pcie"})
+def test_import_sglang_activates_launcher_and_spawned_workers(sglang_env, version):
+    state = sglang_env(version).run_script_json("activation_state.py", env={"SGLANG_PCIE_NCCL_PROFILE": "pcie"})
     expected = {"activated": True, "decided": "pcie", "proto": "LL"}
     assert state["in_launcher"] == expected
     assert state["in_spawned_worker"] == expected
@@ -54,29 +21,14 @@ def test_import_sglang_activates_launcher_and_spawned_workers(sglang_env, versio
     assert state["callbacks_unchanged_by_plugin_load"]
 
 
-BAD_SETTING = '''
-import json, os
-import sglang
-print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("NCCL_")}))
-'''
-
 
 def test_invalid_profile_warns_once_and_applies_nothing(sglang_env):
-    proc = sglang_env("0.5.23").run(BAD_SETTING, env={"SGLANG_PCIE_NCCL_PROFILE": "fastest"})
+    proc = sglang_env("0.5.23").run_script("nccl_environment.py", env={"SGLANG_PCIE_NCCL_PROFILE": "fastest"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == {}
     warnings = [line for line in proc.stderr.splitlines() if "SGLANG_PCIE_NCCL_PROFILE" in line]
     assert len(warnings) == 1 and "'fastest'" in warnings[0]
 
-
-HOSTILE_TUNED_FILE = '''
-import json, os, sys
-import sglang
-import sglang_pcie.runtime.activate as act
-watcher = next(f for f in sys.meta_path if type(f).__name__ == "ImportWatcher")
-print(json.dumps({"activated": act._activated, "watched": sorted(watcher.callbacks),
-                  "nccl": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}))
-'''
 
 
 @pytest.mark.parametrize("make", ["fifo", "device", "nested", "plugin"])
@@ -94,7 +46,7 @@ def test_a_hostile_tuned_file_neither_hangs_nor_turns_the_overlay_off(sglang_env
         path.write_text(json.dumps({"format": 2, "winner": "default", "values": {"NCCL_NET_PLUGIN": "/tmp/x.so"},
                                     "fingerprint": {"gpus": [], "gpu_uuids": [], "nvlink": None, "p2p": None,
                                                     "nccl": None, "transport_env": {}}}))
-    proc = sglang_env("0.5.23").run(HOSTILE_TUNED_FILE, env={"SGLANG_PCIE_TUNED_FILE": str(path)}, timeout=300)
+    proc = sglang_env("0.5.23").run_script("activation_watchers.py", env={"SGLANG_PCIE_TUNED_FILE": str(path)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     state = json.loads(proc.stdout.splitlines()[-1])
     assert state["activated"] is True and "sglang.srt.model_executor.model_runner" in state["watched"]
@@ -102,16 +54,6 @@ def test_a_hostile_tuned_file_neither_hangs_nor_turns_the_overlay_off(sglang_env
     lines = [line for line in proc.stderr.splitlines() if "SGLANG_PCIE_TUNED_FILE" in line]
     assert len(lines) == 1 and str(path) in lines[0] and "nothing applied from it" in lines[0]
 
-
-VERIFY = '''
-import json, subprocess, sys
-proc = subprocess.run([sys.executable, "-m", "sglang_pcie", "verify-patches", "--runtime", "--json"],
-                      capture_output=True, text=True)
-report = json.loads(proc.stdout)
-print(json.dumps({"rc": proc.returncode, "version": report["sglang_version"],
-                  "statuses": {row["id"]: row["status"] for row in report["patches"]},
-                  "stderr": proc.stderr[-2000:]}))
-'''
 
 
 @pytest.mark.parametrize("version, expected", [
@@ -121,32 +63,16 @@ print(json.dumps({"rc": proc.returncode, "version": report["sglang_version"],
                 "drafter-delegation": "applied"}),
 ])
 def test_verify_patches_runtime_in_real_release(sglang_env, version, expected):
-    out = sglang_env(version).run_json(VERIFY, env={"EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
+    out = sglang_env(version).run_script_json("verify_runtime.py", env={"EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
     assert out["version"] == version
     assert out["statuses"] == expected, out["stderr"]
     assert out["rc"] == 0
 
 
 def test_disable_switch_leaves_sglang_untouched(sglang_env):
-    out = sglang_env("0.5.9").run_json(VERIFY, env={"SGLANG_PCIE_DISABLE": "1", "EAGLE3_PROFILE": "1"})
+    out = sglang_env("0.5.9").run_script_json("verify_runtime.py", env={"SGLANG_PCIE_DISABLE": "1", "EAGLE3_PROFILE": "1"})
     assert set(out["statuses"].values()) == {"disabled"} and out["rc"] == 0
 
-
-DRIFT = '''
-import json, sys
-out = {}
-try:
-    import sglang.srt.layers.layer_boundary.residual.add_norm
-    import sglang.srt.speculative.eagle_worker_v2 as v2
-    from sglang_pcie.runtime.activate import RESULTS
-    out["imported"] = True
-    out["eagle"] = {m: r.status for m, r in RESULTS["eagle3-profile"].items()}
-    out["sm120"] = sorted({r.status for r in RESULTS["sm120-allreduce-fusion"].values()})
-except Exception as exc:
-    out["imported"] = False
-    out["error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(out))
-'''
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +99,7 @@ def drifted_0_5_23(sglang_env, tmp_path_factory):
 
 def test_drifted_patch_is_skipped_with_one_line_and_the_others_apply(drifted_0_5_23):
     env, root = drifted_0_5_23
-    proc = env.run(DRIFT, env={"PYTHONPATH": str(root), "EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
+    proc = env.run_script("drift_state.py", env={"PYTHONPATH": str(root), "EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["imported"] and out["sm120"] == ["drifted"]
@@ -184,7 +110,7 @@ def test_drifted_patch_is_skipped_with_one_line_and_the_others_apply(drifted_0_5
 
 def test_strict_mode_stops_at_a_drifted_patch(drifted_0_5_23):
     env, root = drifted_0_5_23
-    out = env.run_json(DRIFT, env={"PYTHONPATH": str(root), "SGLANG_PCIE_STRICT": "1",
+    out = env.run_script_json("drift_state.py", env={"PYTHONPATH": str(root), "SGLANG_PCIE_STRICT": "1",
                                    "SGLANG_PCIE_SM120_FUSION": "1"})
     assert not out["imported"]
     assert out["error"].startswith("StrictModeError: sglang-pcie: SGLANG_PCIE_STRICT=1 and patch"
@@ -195,22 +121,10 @@ def test_strict_mode_stops_at_a_drifted_patch(drifted_0_5_23):
 # Every activation path in real SGLang 0.5.23: the start-up hook on import sglang, then SGLang's own plugin
 # loader (load_plugins(), which the launcher, scheduler and detokenizer call), and the plugin loader alone.
 
-PLUGIN_LOADER = '''
-import json, os, sys
-hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
-import sglang
-import sglang_pcie.runtime.activate as act
-after_import = act._activated
-from sglang.srt.plugins import load_plugins
-load_plugins()
-print(json.dumps({"hooked": hooked, "after_import": after_import, "after_plugins": act._activated,
-                  "written": sorted(k for k in os.environ if k.startswith(("NCCL_", "SGLANG_PCIE_NCCL_D")))}))
-'''
-
 
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_unreadable_kill_switch_is_off_on_every_path_with_one_line(sglang_env, value):
-    proc = sglang_env("0.5.23").run(PLUGIN_LOADER, env={"SGLANG_PCIE_DISABLE": value,
+    proc = sglang_env("0.5.23").run_script("plugin_loader.py", env={"SGLANG_PCIE_DISABLE": value,
                                                          "SGLANG_PCIE_NCCL_PROFILE": "pcie"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
@@ -231,9 +145,8 @@ def test_plugin_loader_alone_activates_real_sglang(sglang_env):
     env = sglang_env("0.5.23")
     site = subprocess.run([str(env.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    proc = subprocess.run([str(env.python), "-S", "-c", PLUGIN_LOADER], capture_output=True, text=True,
-                          cwd=env.workdir, env=env.env({"PYTHONPATH": site, "SGLANG_PCIE_NCCL_PROFILE": "pcie"}),
-                          timeout=900)
+    proc = env.run_script("plugin_loader.py", flags=("-S",),
+                          env={"PYTHONPATH": site, "SGLANG_PCIE_NCCL_PROFILE": "pcie"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["hooked"] is False and out["after_import"] is None and out["after_plugins"] is True

@@ -8,13 +8,18 @@ import textwrap
 
 import pytest
 
-from support import REPO
+from support import REPO, SUPPORT
 from support.overlay_venv import make_venv, site_packages
 
+SCRIPTS = SUPPORT / "scripts"
 
-def run(python, code, env=None, cwd=None):
+
+def run(python, code, env=None, cwd=None, flags=()):
+    """``python -c code`` (a one-liner), or ``python tests/support/scripts/<code> args`` (a script: a name ending
+    in .py, then its arguments), without the overlay's or Python's variables of this process."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PCIE_", "PYTHON"))}
-    return subprocess.run([str(python), "-c", textwrap.dedent(code)], capture_output=True, text=True,
+    program = [str(SCRIPTS / code[0]), *map(str, code[1:])] if isinstance(code, tuple) else ["-c", textwrap.dedent(code)]
+    return subprocess.run([str(python), *flags, *program], capture_output=True, text=True,
                           env={**base, **(env or {})}, cwd=cwd)
 
 
@@ -28,17 +33,10 @@ def bare_python(tmp_path_factory):
     return make_venv(tmp_path_factory.mktemp("bare") / "venv")
 
 
-WATCHER_STATE = """
-    import json, sys
-    watchers = [f for f in sys.meta_path if type(f).__name__ == "ImportWatcher"]
-    print(json.dumps({"watchers": len(watchers),
-                      "watched": sorted(watchers[0].callbacks) if watchers else [],
-                      "modules": sorted(sys.modules)}))
-"""
 
 
 def state(python, env=None):
-    proc = run(python, WATCHER_STATE, env)
+    proc = run(python, ("watcher_state.py",), env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -93,38 +91,12 @@ def test_console_script_and_module_entry_agree(overlay_python):
     assert by_script.stdout.startswith("sglang-pcie ")
 
 
-POST_IMPORT = """
-    import sys
-    sys.path.insert(0, {folder!r})
-    import sglang_pcie_startup
-    watcher = sglang_pcie_startup.install()
-    seen = []
-    def record(module):
-        seen.append(module.VALUE)
-    def broken(module):
-        raise ValueError("boom")
-    watcher.watch("watched_mod", record)
-    watcher.watch("watched_mod", broken)
-    import watched_mod
-    print(seen, type(watched_mod.__loader__).__name__, watched_mod.__spec__.loader is watched_mod.__loader__)
-    watcher.watch("watched_mod", record)  # already imported: runs at once
-    print(seen)
-    class Fatal(Exception):
-        sglang_pcie_fatal = True
-    def fatal(module):
-        raise Fatal("stop")
-    watcher.watch("other_mod", fatal)
-    try:
-        import other_mod
-    except Fatal as exc:
-        print("fatal propagated", "other_mod" in sys.modules)
-"""
 
 
 def test_post_import_hooks_run_after_the_module_and_never_break_its_import(overlay_python, tmp_path):
     (tmp_path / "watched_mod.py").write_text("VALUE = 42\n")
     (tmp_path / "other_mod.py").write_text("VALUE = 1\n")
-    proc = run(overlay_python, POST_IMPORT.format(folder=str(tmp_path)))
+    proc = run(overlay_python, ("post_import_hooks.py", tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[42] SourceFileLoader True", "[42, 42]", "fatal propagated False"]
     errors = proc.stderr.strip().splitlines()
@@ -135,19 +107,6 @@ def test_post_import_hooks_run_after_the_module_and_never_break_its_import(overl
 # The kill switch and the activation paths, end to end in a real interpreter (a stand-in ``sglang`` package:
 # what is checked here is the overlay's side; tests/test_activation.py does the same in real SGLang).
 
-KILL_SWITCH = """
-    import json, os, sys
-    hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
-    import sglang
-    import sglang_pcie.runtime.activate as act
-    after_import = act._activated
-    from sglang_pcie.runtime.plugin import load
-    load()  # what SGLang's plugin loader (0.5.11+) calls, after import sglang
-    from sglang_pcie.runtime.settings import load_settings
-    print(json.dumps({"hooked": hooked, "after_import": after_import, "active": act._activated,
-                      "settings_disabled": load_settings().disabled,
-                      "written": sorted(k for k in os.environ if k.startswith(("NCCL_", "SGLANG_PCIE_NCCL_D")))}))
-"""
 
 
 @pytest.fixture
@@ -163,7 +122,7 @@ def stand_in_sglang(tmp_path):
 ])
 def test_kill_switch_reads_the_same_in_the_hook_the_settings_and_the_plugin_loader(
         overlay_python, stand_in_sglang, value, hooked, active):
-    proc = run(overlay_python, KILL_SWITCH, {**stand_in_sglang, "SGLANG_PCIE_DISABLE": value})
+    proc = run(overlay_python, ("kill_switch.py",), {**stand_in_sglang, "SGLANG_PCIE_DISABLE": value})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["hooked"], out["active"], out["settings_disabled"]) == (hooked, active, not active)
@@ -178,25 +137,12 @@ def test_kill_switch_reads_the_same_in_the_hook_the_settings_and_the_plugin_load
         assert proc.stderr == "", parse
 
 
-PLUGIN_ONLY = """
-    import json, os, sys
-    hooked = any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
-    import sglang
-    import sglang_pcie.runtime.activate as act
-    before = act._activated
-    from sglang_pcie.runtime.plugin import load
-    load()
-    print(json.dumps({"hooked": hooked, "before": before, "after": act._activated,
-                      "proto": os.environ.get("NCCL_PROTO")}))
-"""
 
 
 def test_plugin_loader_activates_where_the_hook_did_not_run(overlay_python, stand_in_sglang):
     # python -S: no site, so no .pth; site-packages reached through PYTHONPATH, as in an embedded interpreter.
     env = {**stand_in_sglang, "PYTHONPATH": f"{stand_in_sglang['PYTHONPATH']}:{site_packages(overlay_python)}"}
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_PCIE_", "PYTHON"))}
-    proc = subprocess.run([str(overlay_python), "-S", "-c", textwrap.dedent(PLUGIN_ONLY)], capture_output=True,
-                          text=True, env={**base, **env})
+    proc = run(overlay_python, ("plugin_only.py",), env, flags=("-S",))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"hooked": False, "before": None, "after": True, "proto": "LL"}
     assert proc.stderr == ""
