@@ -13,7 +13,10 @@ pairs, space-separated), ``args`` (launch arguments appended after the common on
 (K: run only in the last K repeats, e.g. one point of a sweep).
 
 Repeats are interleaved in counterbalanced order (A B C, C B A, A B C, ...); each metric is the median of the
-per-repeat ratios to ``baseline``, with their min-max spread, "within noise" when the spread crosses 1.0.
+per-repeat ratios to ``baseline`` with the 95% t interval of those pairs, called higher or lower only when the
+interval clears the baseline servers' own spread (``verdicts``), and the smallest effect the pairs could resolve.
+``--repeats auto`` adds repeats until that smallest effect is under ``--resolve`` or ``--budget-minutes`` ends.
+A request that returns fewer tokens than asked fails its run.
 
 Outputs of every run are compared request by request with the first baseline run (servers, not repeats within
 one server: prefix-cache hits change kernels inside one server).
@@ -24,8 +27,9 @@ and must import SGLang in the client process. The client here is the standard li
 
 The modules, in the order a run uses them: ``plan`` (variants, order, workload, each server's command and
 environment), ``client`` (``/generate``, plain and streamed, replies checked), ``runs`` (one server start to stop,
-the workload, the whole schedule), ``analysis`` (ratios, outputs compared, profile invariants, NCCL, exit status),
-``report`` (table, chart, schedule, results.json), ``command`` (options, the plan they make, ``COMMAND``).
+the workload, the whole schedule, --repeats auto), ``analysis`` (ratios, outputs compared, profile invariants,
+NCCL, exit status), ``verdicts`` (the interval, the verdict, when auto stops), ``report`` (table, chart, schedule,
+results.json), ``command`` (options, the plan they make, ``COMMAND``).
 """
 from sglang_pcie.tools.bench.command import COMMAND
 

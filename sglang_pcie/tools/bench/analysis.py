@@ -2,11 +2,13 @@
 invariants, what NCCL read against what it should have, the results document and the exit status."""
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
 
 from sglang_pcie.tools.bench.plan import BASELINE, MAY_DIFFER, MUST_MATCH, Plan, Variant
+from sglang_pcie.tools.bench.verdicts import noise_margin, ratio_summary
 
 SCHEMA = "sglang-pcie.bench/1"
 # NCCL_DEBUG_SUBSYS=ENV prints e.g. "NCCL INFO NCCL_PROTO set by environment to LL" in each rank.
@@ -28,38 +30,32 @@ METRICS = (
 )
 
 
+def metric_names() -> dict:
+    """How an option names a metric (``batch.output_tok_s``, ``accept_length``) -> its label in the table."""
+    return {f"{phase}.{key}" if phase else key: label for phase, key, label, _ in METRICS}
+
+
 def metric_value(record: dict, phase: str, key: str):
     metrics = record.get("metrics") or {}
     value = (metrics.get(phase) or {}).get(key) if phase else metrics.get(key)
     return value if isinstance(value, (int, float)) else None
 
 
-def ratio_summary(ratios: list[float], higher_is_better: bool) -> dict:
-    """Median ratio with its min-max spread; "within noise" when the spread crosses 1.0."""
-    if not ratios:
-        return {"n": 0, "median": None, "min": None, "max": None, "verdict": "no pairs"}
-    median, low, high = statistics.median(ratios), min(ratios), max(ratios)
-    if len(ratios) == 1:
-        verdict = "one pair: no spread"
-    elif low <= 1.0 <= high:
-        verdict = "within noise"
-    else:
-        better = (median > 1.0) == higher_is_better
-        verdict = f"{'higher' if median > 1.0 else 'lower'} ({'better' if better else 'worse'})"
-    return {"n": len(ratios), "median": median, "min": low, "max": high, "verdict": verdict,
-            "ratios": ratios}
-
-
 def compute_ratios(records: list[dict], variants: list[Variant]) -> dict:
-    """variant -> metric label -> ratio summary; a pair is one repeat's variant run over its baseline run."""
+    """variant -> metric label -> ratio summary; a pair is one repeat's variant run over its baseline run. The
+    baseline's rows carry its own servers' spread, the noise band every verdict must clear (verdicts.py)."""
     by_repeat: dict = {}
     for record in records:
         if record.get("ok"):
             by_repeat.setdefault(record["repeat"], {})[record["variant"]] = record
-    table = {}
-    for variant in variants:
-        rows = {}
-        for phase, key, label, higher in METRICS:
+    table: dict = {variant.name: {} for variant in variants}
+    for phase, key, label, higher in METRICS:
+        baseline = baseline_row([metric_value(runs[BASELINE], phase, key) for runs in by_repeat.values()
+                                 if BASELINE in runs])
+        for variant in variants:
+            if variant.name == BASELINE:
+                table[BASELINE][label] = baseline
+                continue
             ratios, values = [], []
             for runs in by_repeat.values():
                 value = metric_value(runs[variant.name], phase, key) if variant.name in runs else None
@@ -68,15 +64,21 @@ def compute_ratios(records: list[dict], variants: list[Variant]) -> dict:
                 base = metric_value(runs[BASELINE], phase, key) if BASELINE in runs else None
                 if value is not None and base:
                     ratios.append(value / base)
-            row = ratio_summary(ratios, higher) if variant.name != BASELINE else {"n": len(values)}
+            row = ratio_summary(ratios, higher, baseline.get("spread"))
             row["value_median"] = statistics.median(values) if values else None
-            if variant.name == BASELINE and len(values) > 1 and row["value_median"]:
-                # the noise floor: how far identical servers land from their median (an effect inside it needs
-                # more repeats before it means anything)
-                row["spread"] = [min(values) / row["value_median"], max(values) / row["value_median"]]
-            rows[label] = row
-        table[variant.name] = rows
+            table[variant.name][label] = row
     return table
+
+
+def baseline_row(values: list) -> dict:
+    """The baseline's figures for one metric: its median and, with two servers or more, the noise floor: how far
+    identical servers landed from their median (an effect inside it is not called, however many repeats)."""
+    values = [v for v in values if v is not None]
+    row = {"n": len(values), "value_median": statistics.median(values) if values else None}
+    if len(values) > 1 and row["value_median"]:
+        row["spread"] = [min(values) / row["value_median"], max(values) / row["value_median"]]
+        row["noise_margin"] = math.exp(noise_margin(row["spread"])) - 1
+    return row
 
 
 # ----------------------------------------------------------------------------------------------------- outputs
@@ -245,7 +247,8 @@ def profile_checks(profile: dict, sglang_accept: float | None) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- results
 
-def assemble(plan: Plan, records: list[dict], started: str, complete: bool) -> dict:
+def assemble(plan: Plan, records: list[dict], started: str, complete: bool, auto: dict | None = None) -> dict:
+    """The results document (schema sglang-pcie.bench/1); ``auto``: why --repeats auto stopped, once it did."""
     for r in records:
         if r.get("profile"):
             r["profile_checks"] = profile_checks(r["profile"], (r.get("metrics") or {}).get("accept_length_served"))
@@ -258,6 +261,8 @@ def assemble(plan: Plan, records: list[dict], started: str, complete: bool) -> d
         "ratios": compute_ratios(records, plan.variants),
         "outputs": compare_outputs(records, plan.variants),
     }
+    if plan.resolve is not None:
+        results["auto"] = auto or dict(plan.resolve.as_dict(), stopped=None)  # None: still running
     return results
 
 

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_pcie.tools.bench.analysis import SCHEMA, exit_code
-from sglang_pcie.tools.bench.plan import CONTROLLED_VARS, Plan, Workload, parse_env_pairs, resolve_variants
+from sglang_pcie.tools.bench.analysis import SCHEMA, exit_code, metric_names
+from sglang_pcie.tools.bench.plan import (AUTO_START_REPEATS, CONTROLLED_VARS, Plan, Resolve, Workload, parse_env_pairs,
+                                          resolve_variants)
 from sglang_pcie.tools.bench.report import format_schedule, format_table, write_chart
 from sglang_pcie.tools.bench.runs import run_plan
 from sglang_pcie.tools.command import Command, UsageError
@@ -33,13 +34,27 @@ EPILOG = ("Variants: baseline (SGLANG_PCIE_DISABLE=1), overlay, profile (EAGLE3_
           " after the common ones), base (baseline|overlay|profile, default overlay), tokens"
           " (must-match|may-differ), repeats (K: only in the last K repeats). Example: --variant"
           " 'steps2:args=--speculative-num-steps 2 --speculative-num-draft-tokens 3'"
-          " --variant nccl-pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie")
+          " --variant nccl-pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie. A ratio is called higher or lower only when the"
+          " 95% t interval of its counterbalanced pairs clears the baseline servers' own spread; otherwise within"
+          " noise, with the smallest effect the run could have resolved. Exit 0 when every server ran and"
+          " stopped, returned every token asked, no must-match variant changed tokens and every profile"
+          " invariant held; 1 otherwise; 2 for bad usage; 130 when interrupted.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="SPEC",
                    help="a variant to run (repeatable; default: baseline and overlay; baseline is always run)")
-    p.add_argument("--repeats", type=int, default=3, help="counterbalanced repeats of every variant (default 3)")
+    p.add_argument("--repeats", default="3", metavar="N|auto",
+                   help="counterbalanced repeats of every variant (default 3); auto: from 3, one more at a time"
+                        " until --resolve or --budget-minutes")
+    p.add_argument("--resolve", metavar="PCT",
+                   help="with --repeats auto: stop once every variant could resolve an effect this size on"
+                        " --resolve-metric (default 2%%)")
+    p.add_argument("--resolve-metric", metavar="METRIC",
+                   help=f"with --repeats auto: the metric --resolve is about, one of {', '.join(metric_names())}"
+                        " (default batch.output_tok_s)")
+    p.add_argument("--budget-minutes", type=float, metavar="M",
+                   help="with --repeats auto: start no repeat that would end past M minutes (default 60)")
     p.add_argument("--concurrency", type=int, default=32, help="batch phase concurrency (default 32)")
     p.add_argument("--batch-requests", type=int, default=None,
                    help="requests in the batch phase (default 4 x concurrency)")
@@ -75,11 +90,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
             raise UsageError(f"launch argument {flag}: give it to bench ({PROG} {flag} ...), it sets it per server")
     if not launch_args and not args.server_cmd:
         raise UsageError("no launch_server arguments after '--' (e.g. -- --model-path /models/target --tp-size 2)")
+    repeats, resolve = _repeats(args)
     _check_numbers(args)
     variants = resolve_variants(args.variant)
     for v in variants:
-        if v.repeats is not None and v.repeats > args.repeats:
-            raise UsageError(f"--variant {v.spec!r}: repeats={v.repeats} is more than --repeats {args.repeats}")
+        if v.repeats is not None and resolve is not None:
+            raise UsageError(f"--variant {v.spec!r}: repeats= needs a fixed --repeats, not auto")
+        if v.repeats is not None and v.repeats > repeats:
+            raise UsageError(f"--variant {v.spec!r}: repeats={v.repeats} is more than --repeats {repeats}")
     if args.batch_requests is not None and args.batch_requests < 1:
         raise UsageError(f"--batch-requests {args.batch_requests}: must be a positive integer")
     m = re.match(r"^(\d+):(\d+)$", args.token_range)
@@ -93,14 +111,54 @@ def make_plan(args: argparse.Namespace) -> Plan:
                         warmup_requests=args.concurrency, token_low=int(m.group(1)), token_high=int(m.group(2)))
     out = Path(args.out or time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
     plan = Plan(variants=variants, workload=workload, launch_args=launch_args,
-                server_cmd=server_cmd, extra_env=extra_env, host=args.host, port=args.port, repeats=args.repeats,
+                server_cmd=server_cmd, extra_env=extra_env, host=args.host, port=args.port, repeats=repeats,
                 out=out, start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
-                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv)
+                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv, resolve=resolve)
     return plan
 
 
+def _repeats(args: argparse.Namespace) -> tuple[int, Resolve | None]:
+    """--repeats N, or auto with its target, metric and budget (which mean nothing without auto)."""
+    auto_options = {"--resolve": args.resolve, "--resolve-metric": args.resolve_metric,
+                    "--budget-minutes": args.budget_minutes}
+    if args.repeats != "auto":
+        for flag, value in auto_options.items():
+            if value is not None:
+                raise UsageError(f"{flag}: only with --repeats auto")
+        if not re.match(r"^-?\d+$", args.repeats.strip()):
+            raise UsageError(f"--repeats {args.repeats!r}: give a positive integer or auto")
+        if int(args.repeats) < 1:
+            raise UsageError(f"--repeats {int(args.repeats)}: must be a positive integer")
+        return int(args.repeats), None
+    return AUTO_START_REPEATS, Resolve(target=_percentage(args.resolve or "2%"),
+                                       metric=_metric_label(args.resolve_metric or "batch.output_tok_s"),
+                                       budget_s=_minutes(args.budget_minutes) * 60)
+
+
+def _percentage(text: str) -> float:
+    m = re.match(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%?\s*$", text)
+    if not m or not 0 < float(m.group(1)) <= 1000:
+        raise UsageError(f"--resolve {text!r}: give a percentage above 0 and at most 1000, e.g. 2%")
+    return float(m.group(1)) / 100
+
+
+def _metric_label(name: str) -> str:
+    names = metric_names()
+    if name not in names:
+        raise UsageError(f"--resolve-metric {name!r}: choose one of {', '.join(names)}")
+    return names[name]
+
+
+def _minutes(value: float | None) -> float:
+    if value is None:
+        return 60.0
+    if not 0 < value < float("inf"):
+        raise UsageError(f"--budget-minutes {value}: must be a positive number of minutes")
+    return value
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
-    for name in ("repeats", "concurrency", "stream_requests", "input_len", "output_len"):
+    for name in ("concurrency", "stream_requests", "input_len", "output_len"):
         if name == "stream_requests" and args.stream_requests < 0:
             raise UsageError(f"--stream-requests {args.stream_requests}: must be an integer >= 0")
         if name != "stream_requests" and getattr(args, name) < 1:

@@ -176,6 +176,22 @@ class Workload:
 
 # -------------------------------------------------------------------------------------------------------- plan
 
+AUTO_START_REPEATS = 3  # --repeats auto begins with these: two pairs give a t interval 12.7 standard errors wide
+AUTO_MAX_REPEATS = 50
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """``--repeats auto``: one more counterbalanced repeat at a time until every variant's ``metric`` could resolve
+    an effect of ``target`` (0.02: 2%), or ``budget_s`` would be passed."""
+    target: float
+    metric: str  # a metric's label, e.g. "batch output tok/s"
+    budget_s: float
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "metric": self.metric, "budget_s": self.budget_s}
+
+
 @dataclass
 class Plan:
     variants: list
@@ -192,12 +208,15 @@ class Plan:
     request_timeout: float
     dry_run: bool = False
     argv: list = field(default_factory=list)
+    resolve: Resolve | None = None  # --repeats auto; ``repeats`` then counts the repeats scheduled so far
 
-    def schedule(self) -> list[dict]:
+    def schedule(self, repeats: int | None = None) -> list[dict]:
+        """Every server of the first ``repeats`` (default: all) repeats, in order."""
         runs = []
         by_name = {v.name: v for v in self.variants}
         counts = {v.name: v.repeats for v in self.variants if v.repeats is not None}
-        for index, (repeat, name) in enumerate(counterbalanced(list(by_name), self.repeats, counts)):
+        order = counterbalanced(list(by_name), self.repeats if repeats is None else repeats, counts)
+        for index, (repeat, name) in enumerate(order):
             variant = by_name[name]
             folder = self.out / "runs" / f"{index + 1:02d}-{name}"
             env = dict(self.extra_env)

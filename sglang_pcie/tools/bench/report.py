@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from sglang_pcie.tools.bench.analysis import METRICS
-from sglang_pcie.tools.bench.plan import BASELINE, CONTROLLED_VARS, Plan
+from sglang_pcie.tools.bench.plan import AUTO_MAX_REPEATS, BASELINE, CONTROLLED_VARS, Plan
 
 
 def fmt(value, digits=1):
@@ -34,6 +34,8 @@ def format_table(results: dict) -> str:
              f" {w['stream_requests']} at concurrency 1; {w['input_len']} prompt / {w['output_len']} output"
              f" tokens, greedy, seed {w['seed']}"]
     lines += _ratio_lines(results["ratios"])
+    if (results.get("auto") or {}).get("stopped"):
+        lines.append(auto_text(results["auto"]))
     lines += _output_lines(results["outputs"])
     lines += [_profile_line(r) for r in runs if r.get("profile")]
     for r in runs:
@@ -49,8 +51,9 @@ def format_table(results: dict) -> str:
         f = r.get("failure") or {}
         lines.append(f"run {r['index']} ({r['variant']}, repeat {r['repeat']}) FAILED at {f.get('stage')}:"
                      f" {f.get('message')}")
-        tail = f.get("log_tail") or "(empty log)"
-        lines.extend("    | " + line for line in tail.splitlines())
+        if f.get("stage") != "outputs":  # the server answered: the message says what was wrong
+            tail = f.get("log_tail") or "(empty log)"
+            lines.extend("    | " + line for line in tail.splitlines())
     if results.get("chart"):
         lines.append(f"chart: {results['chart']}")
     lines.append(f"results: {results['out']}/results.json")
@@ -60,23 +63,53 @@ def format_table(results: dict) -> str:
 def _ratio_cell(row):
     if row.get("median") is None:
         return f"{'-':>8} {'':15}"
-    return f"{row['median']:8.3f} [{row['min']:.3f}-{row['max']:.3f}]"
+    interval = row.get("interval")
+    cell = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "-"
+    return f"{row['median']:8.3f} {cell:<15}"
+
+
+def percent(fraction) -> str:
+    """A relative effect as the table prints it: +-4.2%."""
+    if fraction is None:
+        return "-"
+    return "±>999%" if fraction > 9.99 else f"±{fraction * 100:.1f}%"
 
 
 def _ratio_lines(ratios: dict) -> list[str]:
-    lines = [f"{'variant':<14}{'metric':<24}{'median':>10}{'ratio':>9} {'[min-max]':<15}{'n':>3}  verdict"]
+    """Per variant and metric: the median value, the median ratio to baseline with its 95% interval, the pairs,
+    the smallest effect those pairs could resolve, the verdict. The baseline's own rows: its servers' spread."""
+    lines = [f"{'variant':<14}{'metric':<24}{'median':>10}{'ratio':>9} {'95% interval':<15}{'n':>3}"
+             f"{'resolvable':>11}  verdict"]
     for name, rows in ratios.items():
         for label, row in rows.items():
             value = row.get("value_median")
             if name == BASELINE:
                 spread = row.get("spread")
-                cell, note = (f"[{spread[0]:.3f}-{spread[1]:.3f}]", "  its own servers' spread (noise floor)") \
+                cell, note = (f"[{spread[0]:.3f}-{spread[1]:.3f}]",
+                              f"  its own servers' spread: noise floor {percent(row.get('noise_margin'))}") \
                     if spread else ("", "")
-                lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10}{'1':>9} {cell:<15}{row['n']:>3}{note}")
+                lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10}{'1':>9} {cell:<15}{row['n']:>3}{'':>11}{note}")
             else:
                 lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10} {_ratio_cell(row):<24}"
-                             f"{row['n']:>3}  {row['verdict']}")
+                             f"{row['n']:>3}{percent(row.get('resolvable')):>11}  {row['verdict']}")
     return lines
+
+
+def auto_text(auto: dict) -> str:
+    """Why --repeats auto stopped, and what the run can resolve now."""
+    what = f"{auto['metric']} to {percent(auto['target'])}"
+    widths = ", ".join(f"{name} {percent(width)}" for name, width in auto["resolvable"].items()) or "no variant"
+    after = f"after {auto['repeats']} repeats ({auto['elapsed_s'] / 60:.1f} minutes)"
+    if auto["stopped"] == "resolved":
+        return f"repeats auto: resolved {what} {after}: every variant can see {widths}"
+    if auto["stopped"] == "failure":
+        return f"repeats auto: stopped {after}: a server failed (below)"
+    if auto["stopped"] == "noise floor":
+        return (f"repeats auto: NOT RESOLVABLE {what}: the baseline servers' own spread is"
+                f" {percent(auto['noise_margin'])} {after}; more repeats narrow the interval, not that")
+    limit = (f"in {auto['budget_s'] / 60:g} minutes" if auto["stopped"] == "budget"
+             else f"in {auto['repeats']} repeats")
+    return f"repeats auto: NOT RESOLVABLE {what} {limit}: {after} the smallest resolvable effects are {widths}"
 
 
 def _output_lines(outputs: dict) -> list[str]:
@@ -131,7 +164,7 @@ def _nccl_line(r: dict) -> str:
 # ------------------------------------------------------------------------------------------------------- chart
 
 def write_chart(results: dict, path: Path) -> str:
-    """A PNG bar chart of the median ratios with min-max spreads; the reason when skipped."""
+    """A PNG bar chart of the median ratios with their 95% intervals; the reason when skipped."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -151,16 +184,17 @@ def write_chart(results: dict, path: Path) -> str:
             row = rows.get(label) or {}
             if row.get("median") is None:
                 continue
+            interval = row.get("interval") or [row["median"], row["median"]]  # one pair: no interval
             xs.append(j + (i - (len(names) - 1) / 2) * width)
             ys.append(row["median"])
-            lo.append(row["median"] - row["min"])
-            hi.append(row["max"] - row["median"])
+            lo.append(max(0.0, row["median"] - interval[0]))
+            hi.append(max(0.0, interval[1] - row["median"]))
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=name)
     _noise_bands(ax, results["ratios"].get(BASELINE, {}), labels)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("ratio to baseline (median, min-max)")
+    ax.set_ylabel("ratio to baseline (median, 95% interval)")
     ax.set_title(f"sglang-pcie bench: {results['repeats']} counterbalanced repeat(s)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     fig.tight_layout()
@@ -189,6 +223,10 @@ def format_schedule(plan: Plan) -> str:
              f" {w.output_len} at concurrency 1; prompts {w.input_len} token ids in [{w.token_low}, {w.token_high}),"
              f" seed {w.seed}; greedy, ignore_eos",
              f"inherited variables removed: {', '.join(CONTROLLED_VARS)}"]
+    if plan.resolve is not None:
+        lines.insert(1, f"--repeats auto: then one more repeat at a time until every variant's"
+                        f" {plan.resolve.metric} could resolve {percent(plan.resolve.target)}; no repeat started that"
+                        f" would end past {plan.resolve.budget_s / 60:g} minutes; at most {AUTO_MAX_REPEATS} repeats")
     for v in plan.variants:
         lines.append(f"variant {v.name}: tokens {v.tokens}; env {_env_text(v.env) or '-'}; extra args"
                      f" {shlex.join(v.args) or '-'}")

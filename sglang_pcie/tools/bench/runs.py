@@ -13,11 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sglang_pcie.tools.bench.analysis import (assemble, expected_nccl, nccl_check, nccl_debug_env, nccl_env_lines,
-                                              read_profile)
+from sglang_pcie.tools.bench.analysis import (assemble, compute_ratios, expected_nccl, nccl_check, nccl_debug_env,
+                                              nccl_env_lines, read_profile)
 from sglang_pcie.tools.bench.client import RequestError, generate, generate_stream, http_get
 from sglang_pcie.tools.bench.plan import PROFILE_FILE_NAME, Plan
-from sglang_pcie.tools.bench.report import fmt, format_schedule, save, write_chart
+from sglang_pcie.tools.bench.report import auto_text, fmt, format_schedule, percent, save, write_chart
+from sglang_pcie.tools.bench.verdicts import auto_stop, resolvable_widths
 from sglang_pcie.tools.common import tail_lines
 from sglang_pcie.tools.processes import free_port, stop_tree, tree_members
 
@@ -142,6 +143,18 @@ def drive_workload(plan: Plan, port: int, prompts: dict, log: Path, progress, la
     return metrics, outputs
 
 
+def short_outputs(outputs: dict, asked: int) -> str | None:
+    """One line when a measured request returned fewer tokens than asked, None when none did. With ignore_eos
+    every request must return them all: a short one hit a context limit or a server that stopped early, and its
+    run did not measure the workload the others did."""
+    lengths = [len(ids) for phase in ("batch", "stream") for ids in outputs.get(phase, [])]
+    short = [n for n in lengths if n < asked]
+    if not short:
+        return None
+    return (f"{len(short)} of {len(lengths)} requests returned fewer than the {asked} tokens asked"
+            f" ({short.count(0)} empty, shortest {min(short)}); the ratios leave this run out")
+
+
 def _accept_note(metrics):
     note = f", accept length {metrics['accept_length']:.2f}" if metrics.get("accept_length") else ""
     if metrics.get("short_outputs"):
@@ -261,6 +274,10 @@ def _serve(plan, run, proc, port, prompts, progress, label, record, known) -> di
         record["metrics"], outputs = drive_workload(plan, port, prompts, log, progress, label)
         (folder / "outputs.json").write_text(json.dumps(outputs))
         record["outputs_file"] = str(folder / "outputs.json")
+        stage = "outputs"
+        short = short_outputs(outputs, plan.workload.output_len)
+        if short:
+            raise RuntimeError(short)
         record["ok"] = True
         return outputs
     except (RuntimeError, OSError, http.client.HTTPException, RequestError, ValueError) as exc:
@@ -284,7 +301,7 @@ def _stop(plan, proc, known, handle, record, progress, label) -> None:
 def _read_logs(record: dict, run: dict, server_env: dict) -> None:
     """What the stopped server left: its log tail on a failure, the NCCL variables it read, its EAGLE3 profile."""
     log = Path(record["log"])
-    if "failure" in record:
+    if "failure" in record and record["failure"]["stage"] != "outputs":  # the server ran: its outputs tell
         record["failure"]["log_tail"] = log_tail(log)
     record["nccl_env"], processes = nccl_env_lines(log)
     if nccl_debug_env(server_env):
@@ -296,28 +313,72 @@ def _read_logs(record: dict, run: dict, server_env: dict) -> None:
 
 # -------------------------------------------------------------------------------------------------------- plan
 
+clock = time.monotonic  # the budget's clock (tests replace it)
+
+
+class Session:
+    """One bench run: the servers run so far, results.json rewritten after each (a background run can be read)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        plan.out.mkdir(parents=True, exist_ok=True)
+        self.progress = Progress(plan.out / "progress.log")
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.began = clock()
+        self.prompts = plan.workload.prompts()
+        self.records: list[dict] = []
+        self.auto: dict | None = None
+
+    def execute(self, runs: list[dict]) -> None:
+        for run in runs:
+            try:
+                self.records.append(execute_run(self.plan, run, self.prompts, self.progress))
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: execute_run stopped the server; keep what was measured
+                self.records.append({"index": run["index"], "repeat": run["repeat"], "variant": run["variant"],
+                                     "env": run["env"], "ok": False,
+                                     "failure": {"stage": "interrupted",
+                                                 "message": "bench was interrupted (Ctrl-C or SIGTERM)",
+                                                 "log_tail": ""}})
+                save(self.results(complete=False), self.plan.out)
+                raise
+            save(self.results(complete=False), self.plan.out)
+
+    def results(self, complete: bool) -> dict:
+        return assemble(self.plan, self.records, self.started, complete, auto=self.auto)
+
+
 def run_plan(plan: Plan) -> dict:
-    plan.out.mkdir(parents=True, exist_ok=True)
-    progress = Progress(plan.out / "progress.log")
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    prompts = plan.workload.prompts()
+    session = Session(plan)
     (plan.out / "schedule.txt").write_text(format_schedule(plan) + "\n")
-    records: list[dict] = []
     runs = plan.schedule()
-    progress(f"{len(runs)} servers, order {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
-    for run in runs:
-        try:
-            records.append(execute_run(plan, run, prompts, progress))
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: execute_run stopped the server; keep what was measured
-            records.append({"index": run["index"], "repeat": run["repeat"], "variant": run["variant"],
-                            "env": run["env"], "ok": False,
-                            "failure": {"stage": "interrupted", "message": "bench was interrupted (Ctrl-C or SIGTERM)",
-                                        "log_tail": ""}})
-            save(assemble(plan, records, started, complete=False), plan.out)
-            raise
-        save(assemble(plan, records, started, complete=False), plan.out)
-    results = assemble(plan, records, started, complete=True)
+    session.progress(f"{len(runs)} servers, order {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
+    session.execute(runs)
+    if plan.resolve is not None:
+        more_repeats(session)
+    results = session.results(complete=True)
     results["chart"] = write_chart(results, plan.out / "ratios.png")
     save(results, plan.out)
-    progress(f"done: {plan.out}/results.json; chart {results['chart']}")
+    session.progress(f"done: {plan.out}/results.json; chart {results['chart']}")
     return results
+
+
+def more_repeats(session: Session) -> None:
+    """``--repeats auto``: one more counterbalanced repeat of every variant at a time, until auto_stop says why not
+    (recorded in the session, so results.json and the table carry it)."""
+    plan = session.plan
+    while True:
+        failed = any(not r.get("ok") or (r.get("stop") or {}).get("survivors") for r in session.records)
+        ratios = compute_ratios(session.records, plan.variants)
+        stop = auto_stop(ratios, plan.resolve, plan.repeats, clock() - session.began, failed)
+        if stop is not None:
+            session.auto = dict(stop, repeats=plan.repeats, elapsed_s=round(clock() - session.began, 1))
+            session.progress(auto_text(session.auto))
+            return
+        done = len(plan.schedule())
+        plan.repeats += 1
+        widths = ", ".join(f"{name} {percent(width)}"
+                           for name, width in resolvable_widths(ratios, plan.resolve.metric).items())
+        session.progress(f"repeats auto: {plan.resolve.metric} resolves {widths}; target"
+                         f" {percent(plan.resolve.target)}: repeat {plan.repeats}")
+        session.execute(plan.schedule()[done:])
+

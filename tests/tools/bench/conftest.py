@@ -3,6 +3,7 @@ real launch_server would be), a small workload, and a bench run against the fake
 from __future__ import annotations
 
 import json
+import random
 import sys
 
 import pytest
@@ -12,8 +13,12 @@ from support import SUPPORT
 from sglang_pcie.tools.cli import main as cli_main
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
+# Each test session its own first port: bench checks a port is free, then the fake binds it, and another suite on
+# a shared machine (another checkout's bench tests, from the same first port) took one in between ("Address already
+# in use", a failed start).
+FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
 SMALL = ["--concurrency", "4", "--batch-requests", "8", "--stream-requests", "2", "--input-len", "8",
-         "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", "31200"]
+         "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT]
 
 
 @pytest.fixture

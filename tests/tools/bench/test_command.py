@@ -44,6 +44,15 @@ def test_bad_variant_is_one_line_exit_2(capsys, spec, named):
     (["--start-timeout", "0"], "--start-timeout 0"),
     (["--stop-timeout", "-1"], "--stop-timeout -1"),
     (["--request-timeout", "nan"], "--request-timeout nan"),
+    (["--repeats", "x"], "--repeats 'x': give a positive integer or auto"),
+    (["--repeats", "0"], "--repeats 0: must be a positive integer"),
+    (["--resolve", "2%"], "--resolve: only with --repeats auto"),
+    (["--budget-minutes", "5"], "--budget-minutes: only with --repeats auto"),
+    (["--repeats", "auto", "--resolve", "0"], "--resolve '0'"),
+    (["--repeats", "auto", "--resolve", "two"], "--resolve 'two'"),
+    (["--repeats", "auto", "--resolve-metric", "speed"], "--resolve-metric 'speed': choose one of batch.output_tok_s"),
+    (["--repeats", "auto", "--budget-minutes", "0"], "--budget-minutes 0"),
+    (["--repeats", "auto", "--variant", "x:env=A=1;repeats=1"], "repeats= needs a fixed --repeats, not auto"),
 ])
 def test_bad_options_exit_2(capsys, argv, named):
     code = cli_main(["bench", *argv, "--dry-run", "--", "--model-path", "m"])
@@ -79,3 +88,15 @@ def test_an_interrupt_before_any_result_does_not_point_at_a_missing_file(capsys,
     code = cli_main(["bench", "--out", str(tmp_path / "out"), "--server-cmd", fake_server_cmd, "--", "--model-path",
                      "m"])
     assert code == 130 and "interrupted; no results written" in capsys.readouterr().err
+
+
+def test_dry_run_of_repeats_auto_says_how_it_goes_on(capsys, tmp_path):
+    code = cli_main(["bench", "--dry-run", "--repeats", "auto", "--resolve", "5%", "--resolve-metric",
+                     "stream.tpot_ms_p50", "--budget-minutes", "90", "--variant", "overlay", "--variant",
+                     "aa:base=overlay", "--server-cmd", "/nonexistent/server", "--out", str(tmp_path / "o"), "--",
+                     "--model-path", "/m"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and not (tmp_path / "o").exists()
+    assert "schedule: 3 variant(s) x 3 repeat(s) = 9 servers, one at a time, order baseline overlay aa aa" in out
+    assert ("--repeats auto: then one more repeat at a time until every variant's c=1 TPOT p50 ms could resolve"
+            " ±5.0%; no repeat started that would end past 90 minutes; at most 50 repeats") in out

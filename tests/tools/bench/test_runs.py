@@ -14,7 +14,8 @@ import pytest
 
 from support import REPO
 
-from sglang_pcie.tools.bench.runs import accept_length, server_decode_stats
+from sglang_pcie.tools.bench import runs as bench_runs
+from sglang_pcie.tools.bench.runs import accept_length, server_decode_stats, short_outputs
 from sglang_pcie.tools.cli import main as cli_main
 
 
@@ -65,14 +66,14 @@ def test_bench_end_to_end(run_bench, capsys, tmp_path):
                                       "processes": 1}
     # ratios and output comparison
     assert results["ratios"]["overlay"]["batch output tok/s"]["n"] == 2
-    assert results["ratios"]["nccl"]["batch output tok/s"]["verdict"] == "one pair: no spread"
+    assert results["ratios"]["nccl"]["batch output tok/s"]["verdict"] == "one pair: no interval"
     assert results["outputs"]["overlay"]["verdict"] == "identical"
     assert results["outputs"]["overlay"]["vs_baseline"] == {"reference_run": 1, "compared": 20, "differing": 0,
                                                            "first": None}
     assert results["outputs"]["s2"]["verdict"].startswith("differs (allowed")
     assert results["outputs"]["s2"]["within_variant"]["differing"] == 0
     # the report: table on stdout, progress on stderr, per-server logs, results.json, chart or why not
-    assert re.search(r"^overlay +batch output tok/s +[\d.]+ +[\d.]+ \[[\d.]+-[\d.]+\] +2 ", out, re.M)
+    assert re.search(r"^overlay +batch output tok/s +[\d.]+ +[\d.]+ \[[\d.]+-[\d.]+\] +2 +±[>\d.]+%  \w", out, re.M)
     assert "overlay       identical: 0/20 requests differ" in out
     assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
             " all read") in out
@@ -202,3 +203,95 @@ def test_server_decode_stats_reads_sglang_log_lines(tmp_path):
     stats = server_decode_stats(log, len("before\n"), log.stat().st_size, 32)
     assert stats == {"lines": 3, "gen_tok_s_p50": 5000.0, "accept_len_mean": 1.5}
     assert server_decode_stats(log, 0, 7, 32)["lines"] == 0
+
+
+def test_short_or_empty_outputs_fail_the_run_in_one_line_naming_the_variant(run_bench):
+    code, out, err, results = run_bench("--repeats", "1", "--variant", "short:env=FAKE_MAX_TOKENS=5",
+                                        "--variant", "empty:env=FAKE_MAX_TOKENS=0")
+    assert code == 1
+    assert [line for line in out.splitlines() if "FAILED" in line] == [
+        "run 2 (short, repeat 1) FAILED at outputs: 10 of 10 requests returned fewer than the 12 tokens asked"
+        " (0 empty, shortest 5); the ratios leave this run out",
+        "run 3 (empty, repeat 1) FAILED at outputs: 10 of 10 requests returned fewer than the 12 tokens asked"
+        " (10 empty, shortest 0); the ratios leave this run out"]
+    assert "    | " not in out  # no log tail: the server answered, the line says what was wrong
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert runs["baseline"]["ok"] and not runs["short"]["ok"] and not runs["empty"]["ok"]
+    assert runs["short"]["metrics"]["batch"]["short_outputs"] == 8
+    assert results["ratios"]["short"]["batch output tok/s"]["verdict"] == "no pairs"
+    assert "short (repeat 1): FAILED (outputs)" in err
+
+
+def test_short_outputs_counts_every_measured_request():
+    outputs = {"batch": [[1, 2, 3], [1]], "stream": [[]]}
+    assert short_outputs(outputs, 3) == ("2 of 3 requests returned fewer than the 3 tokens asked (1 empty, shortest"
+                                         " 0); the ratios leave this run out")
+    assert short_outputs({"batch": [[1, 2, 3]], "stream": []}, 3) is None
+
+
+def constructed_servers(monkeypatch, throughput):
+    """Servers that are records: ``throughput(run)`` gives each one's batch tok/s (None: it failed), each takes a
+    minute of a clock that only they advance. The --repeats auto loop, without processes or the wall clock."""
+    now = [0.0]
+
+    def execute(plan, run, prompts, progress):
+        now[0] += 60.0
+        value = throughput(run)
+        record = {"index": run["index"], "repeat": run["repeat"], "variant": run["variant"], "env": run["env"],
+                  "ok": value is not None, "metrics": {"batch": {"output_tok_s": value}, "stream": {}},
+                  "stop": {"survivors": []}}
+        if value is None:
+            record["failure"] = {"stage": "start", "message": "constructed", "log_tail": ""}
+        return record
+
+    monkeypatch.setattr(bench_runs, "execute_run", execute)
+    monkeypatch.setattr(bench_runs, "clock", lambda: now[0])
+
+
+def alternating(run):
+    """baseline 100 tok/s every time; overlay 3% above, then below, ...: resolvable to 3% after some repeats."""
+    return 100.0 if run["variant"] == "baseline" else 100.0 * (1.03 if run["index"] % 2 else 1 / 1.03)
+
+
+def auto_bench(capsys, tmp_path, *options):
+    code = cli_main(["bench", "--repeats", "auto", *options, "--out", str(tmp_path / "out"), "--server-cmd",
+                     "constructed", "--", "--model-path", "m"])
+    out = capsys.readouterr().out
+    return code, out, json.loads((tmp_path / "out" / "results.json").read_text())
+
+
+def test_repeats_auto_adds_repeats_until_the_target_is_resolvable(monkeypatch, capsys, tmp_path):
+    constructed_servers(monkeypatch, alternating)
+    code, out, results = auto_bench(capsys, tmp_path, "--resolve", "3%")
+    auto, repeats = results["auto"], results["repeats"]
+    assert code == 0 and auto["stopped"] == "resolved" and auto["target"] == 0.03
+    assert [r["repeat"] for r in results["runs"]] == [r for r in range(1, repeats + 1) for _ in (0, 1)]
+    # it stopped at the first repeat whose pairs resolve 3%, not one later
+    from sglang_pcie.tools.bench.analysis import compute_ratios
+    from sglang_pcie.tools.bench.plan import resolve_variants
+
+    def resolvable(upto):
+        kept = [r for r in results["runs"] if r["repeat"] <= upto]
+        return compute_ratios(kept, resolve_variants([]))["overlay"]["batch output tok/s"]["resolvable"]
+    assert repeats > 3 and resolvable(repeats) <= 0.03 < resolvable(repeats - 1)
+    assert auto["resolvable"]["overlay"] == pytest.approx(resolvable(repeats))
+    assert (f"repeats auto: resolved batch output tok/s to ±3.0% after {repeats} repeats ({2 * repeats:.1f}"
+            f" minutes): every variant can see overlay ±") in out
+
+
+@pytest.mark.parametrize("options, throughput, stopped, repeats, says", [
+    (["--resolve", "1%", "--budget-minutes", "10"], alternating, "budget", 5,
+     "repeats auto: NOT RESOLVABLE batch output tok/s to ±1.0% in 10 minutes: after 5 repeats (10.0 minutes) the"
+     " smallest resolvable effects are overlay ±"),
+    (["--resolve", "2%"], lambda run: 100.0 * (1.06, 1.0, 0.99)[run["repeat"] % 3], "noise floor", 3,
+     "repeats auto: NOT RESOLVABLE batch output tok/s to ±2.0%: the baseline servers' own spread is ±6.0% after 3"
+     " repeats (6.0 minutes); more repeats narrow the interval, not that"),
+    (["--resolve", "2%"], lambda run: None if run["index"] == 3 else 100.0, "failure", 3,
+     "repeats auto: stopped after 3 repeats (6.0 minutes): a server failed (below)"),
+])
+def test_repeats_auto_says_why_it_stopped(monkeypatch, capsys, tmp_path, options, throughput, stopped, repeats,
+                                          says):
+    constructed_servers(monkeypatch, throughput)
+    code, out, results = auto_bench(capsys, tmp_path, *options)
+    assert results["auto"]["stopped"] == stopped and results["repeats"] == repeats == results["auto"]["repeats"]
+    assert says in out and code == (1 if stopped == "failure" else 0)
