@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -192,6 +193,44 @@ def _server_command(text: str | None) -> list[str]:
     return server_cmd
 
 
+IMPORT_CHECK_TIMEOUT_S = 300.0
+_CHECKED = "sglang-pcie bench: "  # marks the probe's own line among whatever importing SGLang prints
+_IMPORT_PROBE = f"""import importlib.util, sys
+try:
+    found = importlib.util.find_spec("sglang.launch_server")  # imports the sglang package, not launch_server
+except BaseException as exc:
+    print("{_CHECKED}" + type(exc).__name__ + (": " + str(exc).splitlines()[0] if str(exc).strip() else ""))
+    sys.exit(3)
+if found is None:
+    print("{_CHECKED}sglang imports but has no sglang.launch_server")
+    sys.exit(3)
+"""
+
+
+def check_sglang_imports(plan: Plan) -> None:
+    """Before any server starts: where the server command is ``<python> -m sglang.launch_server`` (the default),
+    SGLang must import with that python, in the first server's environment. Otherwise every server would fail the
+    same way and the table would be empty. UsageError names the python and the import error. Any other server
+    command (a wrapper, the tests' fake) is not checked."""
+    python, *rest = plan.server_cmd
+    if rest != ["-m", "sglang.launch_server"]:
+        return
+    try:
+        probe = subprocess.run([python, "-c", _IMPORT_PROBE], env=plan.environment(plan.schedule()[0]),
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                               timeout=IMPORT_CHECK_TIMEOUT_S)
+    except OSError as exc:
+        raise UsageError(f"cannot run the server command's python {python!r}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{python} did not finish importing sglang in {IMPORT_CHECK_TIMEOUT_S:.0f} s") from None
+    if probe.returncode == 0:
+        return
+    said = [line[len(_CHECKED):] for line in probe.stdout.splitlines() if line.startswith(_CHECKED)]
+    error = said[-1] if said else (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+    raise UsageError(f"{python} cannot import SGLang ({error}): every server would fail; install SGLang for that"
+                     " python, or name another with --server-cmd")
+
+
 def _interrupt(signum, frame):
     # A SIGTERM to bench (the kill of a background run) unwinds like Ctrl-C: the server tree is stopped.
     raise KeyboardInterrupt
@@ -224,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         return show_report(report.args[0])
     if plan.dry_run:
         return _print(format_schedule(plan), 0)
+    check_sglang_imports(plan)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
