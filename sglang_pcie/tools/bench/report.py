@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 
 from sglang_pcie.tools.bench.analysis import METRICS
 from sglang_pcie.tools.bench.plan import AUTO_MAX_REPEATS, BASELINE, CONTROLLED_VARS, Plan
+from sglang_pcie.tools.bench.verdicts import noise_margin
 
 
 def fmt(value, digits=1):
@@ -85,10 +87,10 @@ def _ratio_lines(ratios: dict) -> list[str]:
             value = row.get("value_median")
             if name == BASELINE:
                 spread = row.get("spread")
-                cell, note = (f"[{spread[0]:.3f}-{spread[1]:.3f}]",
-                              f"  its own servers' spread: noise floor {percent(row.get('noise_margin'))}") \
-                    if spread else ("", "")
-                lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10}{'1':>9} {cell:<15}{row['n']:>3}{'':>11}{note}")
+                cell, note = (f"[{spread[0]:.3f}-{spread[1]:.3f}]", f"  its own servers' spread: noise floor"
+                              f" {percent(math.exp(noise_margin(spread)) - 1)}") if spread else ("", "")
+                lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10}{'1':>9} {cell:<15}{row['n']:>3}"
+                             f"{'':>11}{note}".rstrip())
             else:
                 lines.append(f"{name:<14}{label:<24}{fmt(value, 2):>10} {_ratio_cell(row):<24}"
                              f"{row['n']:>3}{percent(row.get('resolvable')):>11}  {row['verdict']}")
