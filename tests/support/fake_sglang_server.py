@@ -10,6 +10,11 @@ Behaviour knobs (environment, so bench variants can set them; launch argument ``
   FAKE_FAIL_START=1       print a message and exit 3 before answering anything
   FAKE_START_DELAY=S      answer /health 503 for S seconds (default 0.3)
   FAKE_CYCLE_MS=MS        time per decode cycle (default 0.5); FAKE_ACCEPT=K tokens per cycle (default 2)
+  FAKE_CYCLE_JITTER=J     this server's cycle time times exp(J * z), z ~ N(0, 1) drawn once per server from
+                          FAKE_SEED (default 0) and the name of its run folder (bench logs each server to
+                          runs/NN-variant/server.log): identical variants differ as identical servers do, and the
+                          same schedule draws the same factors. /model_info reports the cycle time it drew.
+  FAKE_MAX_TOKENS=N       return at most N tokens per request (0: none), as a server at its context limit would
   FAKE_BATCH=N            non-streaming requests decode in batches of N (see Batcher)
   FAKE_DIFFER_EVERY=N     change token 3 of every request whose prompt sum is divisible by N
   FAKE_STUBBORN_CHILD=1   start a child that ignores SIGTERM (bench must SIGKILL it); its pid is logged
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -49,6 +56,26 @@ def env_float(name, default):
     return float(os.environ.get(name) or default)
 
 
+def cycle_factor(seed: str, jitter: float, run_name: str) -> float:
+    """exp(jitter * z), z a standard normal drawn from the seed and the run's name."""
+    return math.exp(jitter * random.Random(f"{seed}:{run_name}").gauss(0.0, 1.0))
+
+
+def run_name() -> str:
+    """The folder bench logs this server into (runs/NN-variant), or the pid where stdout is not a file."""
+    try:
+        return Path(os.readlink("/proc/self/fd/1")).parent.name
+    except OSError:
+        return str(os.getpid())
+
+
+CYCLE_FACTOR = cycle_factor(os.environ.get("FAKE_SEED") or "0", env_float("FAKE_CYCLE_JITTER", 0.0), run_name())
+
+
+def cycle_ms() -> float:
+    return env_float("FAKE_CYCLE_MS", 0.5) * CYCLE_FACTOR
+
+
 def output_tokens(input_ids, count, shift):
     seed = sum(input_ids)
     tokens = [(seed * 31 + k * 7 + shift) % 30000 for k in range(count)]
@@ -62,11 +89,11 @@ def write_profile(tokens, cycles):
     path = os.environ.get("EAGLE3_PROFILE_FILE")
     if os.environ.get("EAGLE3_PROFILE") != "1" or not path or not cycles:
         return
-    cycle_ms = env_float("FAKE_CYCLE_MS", 0.5)
-    phases = {name: {"mean": cycle_ms / 4, "p50": cycle_ms / 4, "p90": cycle_ms / 3} for name in REPORTED}
-    phases["cycle"] = {"mean": cycle_ms, "p50": cycle_ms, "p90": cycle_ms * 1.2}
+    cycle = cycle_ms()
+    phases = {name: {"mean": cycle / 4, "p50": cycle / 4, "p90": cycle / 3} for name in REPORTED}
+    phases["cycle"] = {"mean": cycle, "p50": cycle, "p90": cycle * 1.2}
     # FAKE_PROFILE_WALL_RATIO < 1 makes the wall-clock cycle shorter than the GPU cycle: a broken invariant
-    wall_cycle_ms = cycle_ms * env_float("FAKE_PROFILE_WALL_RATIO", 1.25)
+    wall_cycle_ms = cycle * env_float("FAKE_PROFILE_WALL_RATIO", 1.25)
     record = {"schema": SCHEMA, "run_id": f"{START_WALL:.3f}-{os.getpid()}", "run_started": START_WALL,
               "pid": os.getpid(), "tp_rank": 0, "timer": "fake", "syncs": 0, "decode_cycles": cycles,
               "timed_cycles": cycles, "prefill_cycles": 1, "idle_cycles": 0, "decode_requests": cycles,
@@ -138,7 +165,7 @@ class Handler(BaseHTTPRequestHandler):
             ready = time.monotonic() - START >= env_float("FAKE_START_DELAY", 0.3)
             self._json(200 if ready else 503, {})
         elif self.path in ("/model_info", "/get_model_info"):
-            self._json(200, {"model_path": "fake", "is_generation": True, "argv": sys.argv[1:],
+            self._json(200, {"model_path": "fake", "is_generation": True, "argv": sys.argv[1:], "cycle_ms": cycle_ms(),
                              "env": {k: v for k, v in os.environ.items()
                                      if k.startswith(("SGLANG_PCIE_", "EAGLE3_", "NCCL_", "FAKE_"))}})
         else:
@@ -151,9 +178,11 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         params = req.get("sampling_params") or {}
         count = int(params.get("max_new_tokens", 16))
+        if os.environ.get("FAKE_MAX_TOKENS"):
+            count = min(count, int(os.environ["FAKE_MAX_TOKENS"]))
         tokens = output_tokens(req["input_ids"], count, self.shift)
         accept = int(os.environ.get("FAKE_ACCEPT") or 2)
-        cycle_s = env_float("FAKE_CYCLE_MS", 0.5) / 1e3
+        cycle_s = cycle_ms() / 1e3
         # as in SGLang's EAGLE: prefill gives the first token, each verify cycle then up to FAKE_ACCEPT tokens
         cycles = -(-(count - 1) // accept)
         start = time.monotonic()

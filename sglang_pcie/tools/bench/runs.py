@@ -1,0 +1,384 @@
+"""Running the plan: each server started in its own process tree, waited for, driven through the workload (warm-up,
+batch at ``--concurrency``, concurrency-1 stream) and stopped whole, one at a time, results saved after each."""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sglang_pcie.tools.bench.analysis import (assemble, compute_ratios, expected_nccl, nccl_check, nccl_debug_env,
+                                              nccl_env_lines, read_profile)
+from sglang_pcie.tools.bench.client import RequestError, generate, generate_stream, http_get
+from sglang_pcie.tools.bench.plan import PROFILE_FILE_NAME, Plan
+from sglang_pcie.tools.bench.report import auto_text, fmt, format_schedule, percent, save, write_chart
+from sglang_pcie.tools.bench.verdicts import auto_stop, resolvable_widths
+from sglang_pcie.tools.common import tail_lines
+from sglang_pcie.tools.processes import free_port, stop_tree, tree_members
+
+LOG_TAIL_LINES = 40
+# SGLang's scheduler log line every 40 decode steps (0.5.16 / 0.5.23 metrics_reporter), e.g. "Decode batch,
+# #running-req: 32, ... accept len: 1.02, ... gen throughput (token/s): 5123.45, #queue-req: 0".
+_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),(?:.*?accept len: ([\d.]+),)?"
+                          r".*?gen throughput \(token/s\): ([\d.]+)")
+
+
+# ---------------------------------------------------------------------------------------------------- workload
+
+def percentile(values, q):
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = (len(ordered) - 1) * q
+    low = int(index)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
+
+
+def accept_length(results, decode_only: bool = False) -> float | None:
+    """Tokens per verify cycle over the requests, from SGLang's meta info: completion_tokens / spec_verify_ct
+    (SGLang's own spec_accept_length, summed over requests) or, ``decode_only``, without each request's first
+    token, which prefill produced (what an EAGLE3 profile counts)."""
+    speculative = [r["meta_info"] for r in results if r["meta_info"].get("spec_verify_ct")]
+    verify = sum(m["spec_verify_ct"] for m in speculative)
+    tokens = sum((m.get("completion_tokens") or 0) - (1 if decode_only else 0) for m in speculative)
+    return tokens / verify if verify else None
+
+
+def run_batch(host, port, prompts, max_new_tokens, concurrency, timeout) -> tuple[dict, list]:
+    """All prompts with at most ``concurrency`` in flight (submitted in order); wall-clock output throughput."""
+    start = time.perf_counter()
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
+        futures = [pool.submit(generate, host, port, p, max_new_tokens, timeout) for p in prompts]
+        results = [f.result() for f in futures]
+    finally:
+        # On a failure or Ctrl-C, do not wait for requests in flight: stopping the server ends them.
+        pool.shutdown(wait=False, cancel_futures=True)
+    wall = time.perf_counter() - start
+    tokens = sum(len(r["output_ids"]) for r in results)
+    latencies = [r["latency_s"] * 1e3 for r in results]
+    metrics = {"requests": len(results), "output_tokens": tokens, "wall_s": wall,
+               "output_tok_s": tokens / wall if wall > 0 else None,
+               "latency_ms_p50": percentile(latencies, 0.5), "latency_ms_mean": statistics.fmean(latencies),
+               "accept_length": accept_length(results),
+               "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
+    return metrics, results
+
+
+def run_stream(host, port, prompts, max_new_tokens, timeout) -> tuple[dict, list]:
+    """One streaming request at a time: TTFT, TPOT (per request, after the first token) and ITL (chunk gaps)."""
+    start = time.perf_counter()
+    results = [generate_stream(host, port, p, max_new_tokens, timeout) for p in prompts]
+    wall = time.perf_counter() - start
+    ttft, tpot, itl = [], [], []
+    for r in results:
+        arrivals = r["arrivals"]
+        if not arrivals:
+            continue
+        ttft.append(arrivals[0][0] * 1e3)
+        n = len(r["output_ids"])
+        if n > 1:
+            tpot.append((r["latency_s"] - arrivals[0][0]) * 1e3 / (n - 1))
+        itl.extend((b[0] - a[0]) * 1e3 for a, b in zip(arrivals, arrivals[1:]))
+    tokens = sum(len(r["output_ids"]) for r in results)
+    metrics = {"requests": len(results), "output_tokens": tokens, "wall_s": wall,
+               "output_tok_s": tokens / wall if wall > 0 else None,
+               "ttft_ms_p50": percentile(ttft, 0.5), "ttft_ms_mean": statistics.fmean(ttft) if ttft else None,
+               "tpot_ms_p50": percentile(tpot, 0.5), "tpot_ms_mean": statistics.fmean(tpot) if tpot else None,
+               "itl_ms_p50": percentile(itl, 0.5), "itl_ms_p90": percentile(itl, 0.9),
+               "tokens_per_chunk": (tokens / sum(len(r["arrivals"]) for r in results)
+                                    if any(r["arrivals"] for r in results) else None),
+               "accept_length": accept_length(results),
+               "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
+    for r in results:
+        del r["arrivals"]
+    return metrics, results
+
+
+def server_decode_stats(log: Path, start: int, end: int, running: int) -> dict:
+    """SGLang's own decode figures logged between two offsets of the server log, from the lines with ``running``
+    requests in the batch: the issue's first measurement used their gen throughput median."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read(max(0, end - start)).decode("utf-8", "replace")
+    except OSError:
+        return {"lines": 0, "gen_tok_s_p50": None, "accept_len_mean": None}
+    found = [m for m in _DECODE_LINE.finditer(text) if int(m.group(1)) == running]
+    accepts = [float(m.group(2)) for m in found if m.group(2)]
+    return {"lines": len(found), "gen_tok_s_p50": percentile([float(m.group(3)) for m in found], 0.5),
+            "accept_len_mean": statistics.fmean(accepts) if accepts else None}
+
+
+def drive_workload(plan: Plan, port: int, prompts: dict, log: Path, progress, label: str) -> tuple[dict, dict]:
+    """Warm-up, batch and stream against a ready server: (its metrics, every measured request's output ids)."""
+    w = plan.workload
+    _, warmup_results = run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency,
+                                  plan.request_timeout)
+    log_start = log.stat().st_size
+    batch, batch_results = run_batch(plan.host, port, prompts["batch"], w.output_len, w.concurrency,
+                                     plan.request_timeout)
+    server = server_decode_stats(log, log_start, log.stat().st_size, w.concurrency)
+    batch["server_gen_tok_s_p50"], batch["server_log_lines"] = server["gen_tok_s_p50"], server["lines"]
+    progress(f"{label}: batch {batch['requests']} x {w.output_len} tokens at concurrency {w.concurrency}:"
+             f" {batch['output_tok_s']:.1f} tok/s" + _accept_note(batch))
+    stream, stream_results = run_stream(plan.host, port, prompts["stream"], w.output_len, plan.request_timeout)
+    progress(f"{label}: stream {stream['requests']} x {w.output_len} tokens at concurrency 1:"
+             f" {stream['output_tok_s']:.1f} tok/s, TTFT p50 {fmt(stream['ttft_ms_p50'])} ms,"
+             f" TPOT p50 {fmt(stream['tpot_ms_p50'], 3)} ms" + _accept_note(stream))
+    metrics = {"batch": batch, "stream": stream,
+               "accept_length": accept_length(batch_results + stream_results),
+               # what an EAGLE3 profile of this server saw: the warm-up too, decode tokens only
+               "accept_length_served": accept_length(warmup_results + batch_results + stream_results,
+                                                     decode_only=True)}
+    outputs = {"batch": [r["output_ids"] for r in batch_results],
+               "stream": [r["output_ids"] for r in stream_results]}
+    return metrics, outputs
+
+
+def short_outputs(outputs: dict, asked: int) -> str | None:
+    """One line when a measured request returned fewer tokens than asked, None when none did. With ignore_eos
+    every request must return them all: a short one hit a context limit or a server that stopped early, and its
+    run did not measure the workload the others did."""
+    lengths = [len(ids) for phase in ("batch", "stream") for ids in outputs.get(phase, [])]
+    short = [n for n in lengths if n < asked]
+    if not short:
+        return None
+    return (f"{len(short)} of {len(lengths)} requests returned fewer than the {asked} tokens asked"
+            f" ({short.count(0)} empty, shortest {min(short)}); the ratios leave this run out")
+
+
+def _accept_note(metrics):
+    note = f", accept length {metrics['accept_length']:.2f}" if metrics.get("accept_length") else ""
+    if metrics.get("short_outputs"):
+        note += f"; {metrics['short_outputs']} request(s) returned fewer tokens than asked (context limit?)"
+    return note
+
+
+# ----------------------------------------------------------------------------------------------------- servers
+
+def gpu_processes() -> list | None:
+    """PIDs holding a GPU context (nvidia-smi), or None where nvidia-smi is not available."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(tail_lines(path)[-lines:])
+
+
+class Progress:
+    def __init__(self, log_path: Path | None):
+        self.log_path = log_path
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        line = f"[bench {time.monotonic() - self.started:7.1f}s] {message}"
+        print(line, file=sys.stderr, flush=True)
+        if self.log_path is not None:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+
+def wait_ready(plan: Plan, proc, port: int, log: Path) -> tuple[float, dict]:
+    """Seconds until /health answered 200, and /model_info; RuntimeError if the server exits or times out."""
+    start = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before /health answered")
+        if time.monotonic() - start > plan.start_timeout:
+            raise RuntimeError(f"/health did not answer 200 within {plan.start_timeout:.0f} s")
+        try:
+            status, _ = http_get(plan.host, port, "/health")
+            if status == 200:
+                break
+        except (OSError, http.client.HTTPException):
+            pass
+        time.sleep(0.5)
+    ready_s = time.monotonic() - start
+    info = {}
+    for path in ("/model_info", "/get_model_info"):
+        try:
+            status, body = http_get(plan.host, port, path)
+        except (OSError, http.client.HTTPException):
+            continue
+        if status == 200:
+            try:
+                info = json.loads(body)
+            except json.JSONDecodeError:
+                info = {}
+            break
+    return ready_s, info
+
+
+def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dict:
+    """Start the variant's server, drive the workload, stop the tree. Never raises for a server's failure."""
+    folder: Path = run["folder"]
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "server.log"
+    port = free_port(plan.host, plan.port)
+    cmd = plan.command(run, port)
+    record = {"index": run["index"], "repeat": run["repeat"], "variant": run["variant"], "port": port,
+              "command": cmd, "env": run["env"], "log": str(log), "ok": False}
+    label = f"{run['index']}/{len(plan.schedule())} {run['variant']} (repeat {run['repeat']})"
+    progress(f"{label}: starting on port {port}: {shlex.join(cmd)}")
+    server_env = plan.environment(run)
+    try:
+        record["nccl_expected"] = expected_nccl(server_env)
+    except Exception as exc:  # the check is a by-product: it must not cost the measurement
+        record["nccl_expected"] = {}
+        record["nccl_expected_error"] = f"{type(exc).__name__}: {exc}"
+    handle = open(log, "wb")
+    try:
+        proc = subprocess.Popen(cmd, env=server_env, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        handle.close()
+        record["failure"] = {"stage": "start", "message": f"cannot start {cmd[0]!r}: {exc}", "log_tail": ""}
+        progress(f"{label}: FAILED to start: {exc}")
+        return record
+    known: dict = {}  # the server's processes once it answered, so that a member that leaves is still stopped
+    try:
+        outputs = _serve(plan, run, proc, port, prompts, progress, label, record, known)
+    finally:
+        _stop(plan, proc, known, handle, record, progress, label)
+    _read_logs(record, run, server_env)
+    if record["ok"]:
+        record["outputs"] = outputs
+    return record
+
+
+def _serve(plan, run, proc, port, prompts, progress, label, record, known) -> dict | None:
+    """Wait for the server, drive the workload; a failure is recorded in ``record``, not raised (Ctrl-C is).
+    The outputs, or None."""
+    folder, log = run["folder"], Path(record["log"])
+    stage = "start"
+    try:
+        record["ready_s"], record["model_info"] = wait_ready(plan, proc, port, log)
+        known.update(tree_members(proc.pid))
+        progress(f"{label}: ready in {record['ready_s']:.1f} s ({len(known)} processes); warm-up")
+        stage = "workload"
+        record["metrics"], outputs = drive_workload(plan, port, prompts, log, progress, label)
+        (folder / "outputs.json").write_text(json.dumps(outputs))
+        record["outputs_file"] = str(folder / "outputs.json")
+        stage = "outputs"
+        short = short_outputs(outputs, plan.workload.output_len)
+        if short:
+            raise RuntimeError(short)
+        record["ok"] = True
+        return outputs
+    except (RuntimeError, OSError, http.client.HTTPException, RequestError, ValueError) as exc:
+        record["failure"] = {"stage": stage, "message": str(exc)}
+        progress(f"{label}: FAILED ({stage}): {exc}")
+        return None
+
+
+def _stop(plan, proc, known, handle, record, progress, label) -> None:
+    stop = stop_tree(proc, known, plan.stop_timeout)
+    handle.close()
+    gpu = gpu_processes()
+    if gpu is not None:
+        stop["gpu_processes_after"] = gpu
+    record["stop"] = stop
+    survivors = f", {len(stop['survivors'])} SURVIVED: {stop['survivors']}" if stop["survivors"] else ""
+    progress(f"{label}: stopped {stop['processes']} processes in {stop['stop_s']} s"
+             f"{' (SIGKILL needed)' if stop['sigkilled'] else ''}{survivors}")
+
+
+def _read_logs(record: dict, run: dict, server_env: dict) -> None:
+    """What the stopped server left: its log tail on a failure, the NCCL variables it read, its EAGLE3 profile."""
+    log = Path(record["log"])
+    if "failure" in record and record["failure"]["stage"] != "outputs":  # the server ran: its outputs tell
+        record["failure"]["log_tail"] = log_tail(log)
+    record["nccl_env"], processes = nccl_env_lines(log)
+    if nccl_debug_env(server_env):
+        record["nccl_check"] = nccl_check(record["nccl_expected"], record["nccl_env"], processes)
+    profile_path = Path(run["env"].get("EAGLE3_PROFILE_FILE", run["folder"] / PROFILE_FILE_NAME))
+    if run["env"].get("EAGLE3_PROFILE") == "1":
+        record["profile"] = read_profile(profile_path) or read_profile(log)
+
+
+# -------------------------------------------------------------------------------------------------------- plan
+
+clock = time.monotonic  # the budget's clock (tests replace it)
+
+
+class Session:
+    """One bench run: the servers run so far, results.json rewritten after each (a background run can be read)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        plan.out.mkdir(parents=True, exist_ok=True)
+        self.progress = Progress(plan.out / "progress.log")
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.began = clock()
+        self.prompts = plan.workload.prompts()
+        self.records: list[dict] = []
+        self.auto: dict | None = None
+
+    def execute(self, runs: list[dict]) -> None:
+        for run in runs:
+            try:
+                self.records.append(execute_run(self.plan, run, self.prompts, self.progress))
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: execute_run stopped the server; keep what was measured
+                self.records.append({"index": run["index"], "repeat": run["repeat"], "variant": run["variant"],
+                                     "env": run["env"], "ok": False,
+                                     "failure": {"stage": "interrupted",
+                                                 "message": "bench was interrupted (Ctrl-C or SIGTERM)",
+                                                 "log_tail": ""}})
+                save(self.results(complete=False), self.plan.out)
+                raise
+            save(self.results(complete=False), self.plan.out)
+
+    def results(self, complete: bool) -> dict:
+        return assemble(self.plan, self.records, self.started, complete, auto=self.auto)
+
+
+def run_plan(plan: Plan) -> dict:
+    session = Session(plan)
+    (plan.out / "schedule.txt").write_text(format_schedule(plan) + "\n")
+    runs = plan.schedule()
+    session.progress(f"{len(runs)} servers, order {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
+    session.execute(runs)
+    if plan.resolve is not None:
+        more_repeats(session)
+    results = session.results(complete=True)
+    results["chart"] = write_chart(results, plan.out / "ratios.png")
+    save(results, plan.out)
+    session.progress(f"done: {plan.out}/results.json; chart {results['chart']}")
+    return results
+
+
+def more_repeats(session: Session) -> None:
+    """``--repeats auto``: one more counterbalanced repeat of every variant at a time, until auto_stop says why not
+    (recorded in the session, so results.json and the table carry it)."""
+    plan = session.plan
+    while True:
+        failed = any(not r.get("ok") or (r.get("stop") or {}).get("survivors") for r in session.records)
+        ratios = compute_ratios(session.records, plan.variants)
+        stop = auto_stop(ratios, plan.resolve, plan.repeats, clock() - session.began, failed)
+        if stop is not None:
+            session.auto = dict(stop, repeats=plan.repeats, elapsed_s=round(clock() - session.began, 1))
+            session.progress(auto_text(session.auto))
+            return
+        done = len(plan.schedule())
+        plan.repeats += 1
+        widths = ", ".join(f"{name} {percent(width)}"
+                           for name, width in resolvable_widths(ratios, plan.resolve.metric).items())
+        session.progress(f"repeats auto: {plan.resolve.metric} resolves {widths}; target"
+                         f" {percent(plan.resolve.target)}: repeat {plan.repeats}")
+        session.execute(plan.schedule()[done:])
+

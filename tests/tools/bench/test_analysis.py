@@ -1,0 +1,123 @@
+"""What bench concludes: ratios paired by repeat, outputs compared request by request (also end to end against the
+fake server), NCCL's variables against what the overlay chose, a profiled server's invariants."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
+                                              profile_checks)
+from sglang_pcie.tools.bench.plan import resolve_variants
+
+
+def record(index, repeat, variant, tok_s, ok=True, outputs=None):
+    return {"index": index, "repeat": repeat, "variant": variant, "ok": ok, "env": {},
+            "metrics": {"batch": {"output_tok_s": tok_s}, "stream": {}, "accept_length": None},
+            "outputs": outputs or {"batch": [[1, 2, 3]], "stream": [[4, 5]]}}
+
+
+def test_ratios_pair_runs_of_one_repeat_and_skip_failed_runs():
+    variants = resolve_variants(["profile"])
+    records = [record(1, 1, "baseline", 100.0), record(2, 1, "profile", 86.0),
+               record(3, 2, "profile", 90.0), record(4, 2, "baseline", 100.0),
+               record(5, 3, "baseline", 50.0), record(6, 3, "profile", 0.0, ok=False)]
+    table = compute_ratios(records, variants)
+    row = table["profile"]["batch output tok/s"]
+    assert row["ratios"] == [0.86, 0.9] and row["n"] == 2
+    # two pairs: a t interval 12.7 standard errors wide; and the baselines' own spread is 2x (test_verdicts.py)
+    assert row["median"] == pytest.approx(0.88) and row["verdict"] == "within noise"
+    assert table["baseline"]["batch output tok/s"]["value_median"] == 100.0
+    # identical servers' own spread around their median: the noise floor the ratios must be read against
+    assert table["baseline"]["batch output tok/s"]["spread"] == [0.5, 1.0]
+    assert "spread" not in table["baseline"]["c=1 TTFT p50 ms"]
+    assert table["profile"]["c=1 TTFT p50 ms"]["verdict"] == "no pairs"
+
+
+def test_first_difference():
+    ref = {"batch": [[1, 2, 3], [4, 5, 6]], "stream": [[7, 8]]}
+    assert first_difference(ref, ref) == (3, 0, None)
+    got = {"batch": [[1, 2, 3], [4, 9, 6]], "stream": [[7]]}
+    compared, differing, first = first_difference(ref, got)
+    assert (compared, differing) == (3, 2)
+    assert first == {"phase": "batch", "request": 1, "token": 1, "reference": 5, "got": 9}
+    _, _, short = first_difference({"batch": [], "stream": [[7, 8]]}, {"batch": [], "stream": [[7]]})
+    assert short["token"] == 1 and short["got"] is None
+    _, _, missing = first_difference(ref, {"batch": [[1, 2, 3]], "stream": [[7, 8]]})
+    assert missing["detail"] == "missing output" and missing["request"] == 1
+
+
+def test_compare_outputs_must_match_and_may_differ():
+    variants = resolve_variants(["overlay", "s2:args=--x 1"])
+    same = {"batch": [[1, 2, 3]], "stream": [[4, 5]]}
+    other = {"batch": [[1, 2, 9]], "stream": [[4, 5]]}
+    records = [record(1, 1, "baseline", 1, outputs=same), record(2, 1, "overlay", 1, outputs=other),
+               record(3, 1, "s2", 1, outputs=other), record(4, 2, "s2", 1, outputs=other),
+               record(5, 2, "overlay", 1, outputs=same), record(6, 2, "baseline", 1, outputs=same)]
+    result = compare_outputs(records, variants)
+    assert result["baseline"]["verdict"] == "identical"
+    assert result["overlay"]["verdict"] == "DIFFERENT"
+    assert result["overlay"]["vs_baseline"]["differing"] == 1
+    assert result["overlay"]["vs_baseline"]["first"] == {"phase": "batch", "request": 0, "token": 2,
+                                                         "reference": 3, "got": 9, "run": 2}
+    assert result["s2"]["verdict"].startswith("differs (allowed")
+    assert result["s2"]["within_variant"] == {"compared": 2, "differing": 0}
+
+
+def test_changed_tokens_are_reported(run_bench):
+    code, out, _, results = run_bench("--repeats", "1", "--variant", "x:env=FAKE_DIFFER_EVERY=2")
+    entry = results["outputs"]["x"]
+    assert code == 1 and entry["verdict"] == "DIFFERENT"
+    assert 0 < entry["vs_baseline"]["differing"] < entry["vs_baseline"]["compared"] == 10
+    assert entry["vs_baseline"]["first"]["token"] == 3
+    assert re.search(r"x +DIFFERENT: \d+/10 requests differ; first: run 2, \w+ request \d+, token 3", out)
+
+
+def test_nccl_values_the_overlay_chose_are_checked_against_what_nccl_read(run_bench):
+    from sglang_pcie.runtime.nccl import PCIE_PROFILE
+
+    code, out, _, results = run_bench(
+        "--repeats", "1", "--variant", "pcie:env=SGLANG_PCIE_NCCL_PROFILE=pcie",
+        "--variant", "deaf:env=SGLANG_PCIE_NCCL_PROFILE=pcie FAKE_NCCL_IGNORES=NCCL_PROTO",
+        "--variant", "off:base=baseline;env=SGLANG_PCIE_NCCL_PROFILE=pcie",
+        "--env", "NCCL_DEBUG=INFO", "--env", "NCCL_NVLS_ENABLE=0")
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert code == 0
+    assert runs["pcie"]["nccl_check"]["ok"] and runs["pcie"]["nccl_check"]["expected"] == {"NCCL_NVLS_ENABLE": "0",
+                                                                                         **PCIE_PROFILE}
+    assert runs["deaf"]["nccl_check"]["missing"] == ["NCCL_PROTO"] and not runs["deaf"]["nccl_check"]["ok"]
+    assert "MISSING ['NCCL_PROTO']" in out
+    # switched off, the overlay chooses nothing: NCCL reads only what the user set
+    assert runs["off"]["nccl_check"] == {"ok": True, "expected": {"NCCL_NVLS_ENABLE": "0"}, "missing": [],
+                                         "mismatched": [], "processes": 1}
+    assert runs["off"]["nccl_env"] == {"NCCL_NVLS_ENABLE": ["0"]}
+
+
+def test_nccl_version_exported_by_container_images_is_not_expected_to_be_read():
+    # The 2 x H200 image exports NCCL_VERSION=2.28.3-1; NCCL never reports reading it, so it is no evidence either way.
+    env = {"NCCL_VERSION": "2.28.3-1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "SGLANG_PCIE_DISABLE": "1"}
+    assert expected_nccl(env) == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_profile_invariant_failure_fails_the_run(run_bench):
+    code, out, _, results = run_bench("--repeats", "1", "--variant",
+                                      "p:base=profile;env=FAKE_PROFILE_WALL_RATIO=0.5")
+    checks = next(r for r in results["runs"] if r["variant"] == "p")["profile_checks"]
+    assert checks["failed"] == ["cycle_le_wall"] and checks["phases_le_cycle"] is True
+    assert code == 1 and "INVARIANT FAILED: cycle_le_wall" in out
+
+
+def test_profile_checks_math():
+    ok = profile_checks({"phases_sum_ms": 3.0, "cycle_ms": 4.0, "wall_cycle_ms": 6.0, "accept_length": 2.019},
+                              2.0)
+    assert ok["failed"] == [] and ok["accept_ratio"] == pytest.approx(1.0095)
+    off = profile_checks({"phases_sum_ms": 4.5, "cycle_ms": 4.0, "wall_cycle_ms": 6.0, "accept_length": 2.1},
+                               2.0)
+    assert off["failed"] == ["phases_le_cycle", "accept_within_1pct"]
+    unknown = profile_checks({"accept_length": None}, None)
+    assert unknown["failed"] == [] and unknown["cycle_le_wall"] is None
+    # cycle_ms is a sampled mean: 5% over the wall cycle passes, more fails; forced waits or a second rank fail
+    assert profile_checks({"cycle_ms": 5.2, "wall_cycle_ms": 5.0}, None)["cycle_le_wall"] is True
+    assert profile_checks({"cycle_ms": 5.3, "wall_cycle_ms": 5.0}, None)["failed"] == ["cycle_le_wall"]
+    two = profile_checks({"syncs": 3, "runs_in_file": 2, "ranks": {"tp_rank": [0, 1]}}, None)
+    assert two["failed"] == ["no_forced_waits", "one_run_tp_rank_0"]

@@ -1,0 +1,203 @@
+"""When bench calls a ratio higher or lower: the t interval of the counterbalanced pairs, clear of the baseline
+servers' own spread. The statistics are tested on constructed numbers (many seeds, no clock); one end-to-end A/A
+run against the fake server checks the plumbing only."""
+from __future__ import annotations
+
+import math
+import random
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from support import fake_sglang_server
+
+from sglang_pcie.tools.bench.analysis import METRICS, compute_ratios
+from sglang_pcie.tools.bench.plan import Resolve, counterbalanced, resolve_variants
+from sglang_pcie.tools.bench.verdicts import auto_stop, noise_margin, ratio_summary, t_quantile
+
+VARIANTS = resolve_variants(["x:base=overlay"])  # baseline, x
+TOK_S, LATENCY = "batch output tok/s", "batch latency p50 ms"
+
+
+def server(index, repeat, variant, tok_s):
+    """A run's record with a constructed throughput (and the latency it implies)."""
+    return {"index": index, "repeat": repeat, "variant": variant, "ok": True, "env": {},
+            "metrics": {"batch": {"output_tok_s": tok_s, "latency_ms_p50": 1e3 / tok_s}, "stream": {}}}
+
+
+def simulated_run(seed, pairs, noise, effect=1.0, drift=0.0, heavy=False) -> list[dict]:
+    """The records of a counterbalanced baseline / x run of ``pairs`` repeats: each server's throughput is 100
+    tok/s times exp(noise * z) (z normal, or with ``heavy`` Student-t with 3 degrees of freedom: rare large
+    outliers), times exp(drift * its position in the run), times ``effect`` for x."""
+    rng = random.Random(seed)
+    records = []
+    for repeat, name in counterbalanced(["baseline", "x"], pairs):
+        z = rng.gauss(0, 1)
+        if heavy:
+            z /= math.sqrt(rng.gammavariate(1.5, 1 / 1.5))  # chi-squared(3) / 3
+        value = 100 * math.exp(noise * z + drift * len(records)) * (effect if name == "x" else 1.0)
+        records.append(server(len(records) + 1, repeat + 1, name, value))
+    return records
+
+
+def test_t_quantiles_are_students():
+    # two-sided 95% points of Student's t, from the printed tables
+    for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (5, 2.571), (10, 2.228), (30, 2.042), (120, 1.980)):
+        assert t_quantile(0.95, df) == pytest.approx(t, abs=1e-3)
+    assert t_quantile(0.95, 10_000) == pytest.approx(1.960, abs=1e-3)
+
+
+def test_ratio_summary_and_verdicts():
+    noisy = ratio_summary([0.97, 1.02, 0.99], higher_is_better=True)
+    assert noisy["median"] == 0.99 and (noisy["min"], noisy["max"]) == (0.97, 1.02)
+    assert noisy["verdict"] == "within noise"
+    assert ratio_summary([0.82, 0.86, 0.88], True)["verdict"] == "lower (worse)"
+    assert ratio_summary([0.82, 0.86, 0.88], False)["verdict"] == "lower (better)"
+    # two pairs: a t interval 12.7 standard errors wide (the min-max rule called this "higher (worse)")
+    assert ratio_summary([1.1, 1.2], False)["verdict"] == "within noise"
+    assert ratio_summary([1.1, 1.2, 1.15, 1.12], False)["verdict"] == "higher (worse)"
+    assert ratio_summary([1.0, 1.3], True)["verdict"] == "within noise"  # touching 1.0 is crossing it
+    assert ratio_summary([1.05], True)["verdict"] == "one pair: no interval"
+    assert ratio_summary([], True)["verdict"] == "no pairs"
+    assert ratio_summary([1.0, 1.0, 1.0], True)["verdict"] == "equal in every pair"
+
+
+def test_the_interval_is_students_t_over_the_pairs_log_ratios():
+    ratios = [1.04, 1.05, 1.07]
+    logs = [math.log(r) for r in ratios]
+    half = 4.3027 * statistics.stdev(logs) / math.sqrt(3)
+    row = ratio_summary(ratios, True, spread=[0.99, 1.005])
+    assert row["interval"] == pytest.approx([math.exp(statistics.fmean(logs) - half),
+                                             math.exp(statistics.fmean(logs) + half)], rel=1e-4)
+    # the smallest resolvable effect: the interval's half-width plus the noise band (here 1 / 0.99)
+    assert row["noise_margin"] == pytest.approx(1 / 0.99 - 1)
+    assert row["resolvable"] == pytest.approx(math.exp(half) / 0.99 - 1, rel=1e-4)
+    assert (row["n"], row["confidence"], row["verdict"]) == (3, 0.95, "higher (better)")
+
+
+def test_the_issues_overlay_and_profile_ratios_are_within_noise():
+    # A GPU-bound server whose own baselines spread [1.000-1.013]: bench called the overlay (which changes nothing)
+    # 1.010 [1.002-1.029] "higher (better)" and the profiler (which can only cost) 1.026 [1.001-1.031] "higher".
+    overlay = ratio_summary([1.002, 1.010, 1.029], True, spread=[1.000, 1.013])
+    profile = ratio_summary([1.001, 1.026, 1.031], True, spread=[1.000, 1.013])
+    assert min(overlay["ratios"]) > 1 and min(profile["ratios"]) > 1  # all on one side: the old rule's "higher"
+    assert overlay["verdict"] == profile["verdict"] == "within noise"
+    assert overlay["interval"][0] < 1 < overlay["interval"][1]
+    assert 0.04 < overlay["resolvable"] < 0.06 and 0.04 < profile["resolvable"] < 0.06
+
+
+@pytest.mark.parametrize("shape", ["normal", "heavy tails", "drift"])
+@pytest.mark.parametrize("pairs", [2, 3, 5, 10])
+def test_an_a_a_run_is_within_noise_across_seeds(pairs, shape):
+    """Two identical variants, 2% server-to-server noise, 1000 seeds: a difference is called in at most 5% of them
+    (the interval's nominal 5%; measured 0-3.7%), where the former min-max rule called one in four at 3 pairs."""
+    called = min_max_called = 0
+    seeds = 1000
+    for seed in range(seeds):
+        records = simulated_run(seed, pairs, noise=0.02, heavy=shape == "heavy tails",
+                                drift=0.01 if shape == "drift" else 0.0)
+        row = compute_ratios(records, VARIANTS)["x"][TOK_S]
+        called += row["verdict"] != "within noise"
+        min_max_called += not row["min"] <= 1.0 <= row["max"]
+        assert row["n"] == pairs and row["resolvable"] > 0
+    assert called <= 0.05 * seeds
+    if pairs == 3 and shape == "normal":
+        assert min_max_called >= 0.2 * seeds  # the same runs, the former rule: this test tells the two apart
+
+
+@pytest.mark.parametrize("pairs, effect", [(3, 1.10), (10, 1.05)])
+def test_a_real_effect_beyond_the_noise_is_resolved(pairs, effect):
+    """1% noise: +10% with 3 pairs and +5% with 10 are called, in the right direction for each metric."""
+    verdicts = {TOK_S: [], LATENCY: []}
+    for seed in range(300):
+        rows = compute_ratios(simulated_run(seed, pairs, noise=0.01, effect=effect), VARIANTS)["x"]
+        for label in verdicts:
+            verdicts[label].append(rows[label]["verdict"])
+    assert verdicts[TOK_S].count("higher (better)") >= 0.95 * 300
+    assert verdicts[LATENCY].count("lower (better)") >= 0.95 * 300
+    assert not {"lower (worse)", "higher (worse)"} & set(verdicts[TOK_S] + verdicts[LATENCY])
+
+
+def test_the_resolvable_effect_is_where_the_verdict_turns():
+    # The same scatter moved so that its mean sits just beyond, then just inside, 1 + resolvable: the first is
+    # called, the second is not.
+    ratios = [0.99, 1.02, 1.01, 0.995, 1.015]
+    row = ratio_summary(ratios, True, spread=[0.99, 1.01])
+    centre = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    for factor, verdict in ((1.001, "higher (better)"), (0.999, "within noise")):
+        moved = [r / centre * (1 + row["resolvable"]) * factor for r in ratios]
+        assert ratio_summary(moved, True, spread=[0.99, 1.01])["verdict"] == verdict
+
+
+def test_the_baseline_servers_spread_is_the_band_a_verdict_must_clear():
+    # the same three pairs (+4%, +5%, +6%) against baselines that agree within 1%, then within 6%
+    def ratios_with(baselines):
+        records = []
+        for repeat, (base, ratio) in enumerate(zip(baselines, (1.04, 1.05, 1.06)), start=1):
+            records += [server(2 * repeat - 1, repeat, "baseline", base), server(2 * repeat, repeat, "x", base * ratio)]
+        return compute_ratios(records, VARIANTS)
+
+    tight, wide = ratios_with([99.0, 100.0, 101.0]), ratios_with([95.0, 100.0, 106.0])
+    assert tight["baseline"][TOK_S]["spread"] == pytest.approx([0.99, 1.01])
+    assert tight["baseline"][TOK_S]["noise_margin"] == pytest.approx(1 / 0.99 - 1)
+    assert wide["baseline"][TOK_S]["spread"] == pytest.approx([0.95, 1.06])
+    assert wide["baseline"][TOK_S]["noise_margin"] == pytest.approx(0.06)  # the wider side: 1.06, not 1 / 0.95
+    assert tight["x"][TOK_S]["interval"] == pytest.approx(wide["x"][TOK_S]["interval"])
+    assert tight["x"][TOK_S]["verdict"] == "higher (better)" and wide["x"][TOK_S]["verdict"] == "within noise"
+    assert (1 + wide["x"][TOK_S]["resolvable"]) / (1 + tight["x"][TOK_S]["resolvable"]) == pytest.approx(1.06 * 0.99)
+    assert noise_margin(None) == 0.0 and noise_margin([1.0, 1.0]) == 0.0
+
+
+def test_repeats_auto_stops_on_width_failure_noise_floor_cap_and_budget():
+    resolve = Resolve(target=0.02, metric=TOK_S, budget_s=600.0)
+
+    def ratios(resolvable, floor=0.005):
+        return {"baseline": {TOK_S: {"noise_margin": floor}}, "x": {TOK_S: {"resolvable": resolvable}},
+                "y": {TOK_S: {"resolvable": 0.01}}}
+
+    assert auto_stop(ratios(0.019), resolve, 3, 100.0, failed=False)["stopped"] == "resolved"
+    assert auto_stop(ratios(0.021), resolve, 3, 100.0, failed=False) is None  # another repeat fits the budget
+    assert auto_stop(ratios(None), resolve, 3, 100.0, failed=False) is None  # x has fewer than two pairs yet
+    assert auto_stop(ratios(0.019), resolve, 3, 100.0, failed=True)["stopped"] == "failure"
+    floor = auto_stop(ratios(0.05, floor=0.03), resolve, 3, 100.0, failed=False)
+    assert floor["stopped"] == "noise floor" and floor["noise_margin"] == 0.03
+    assert auto_stop(ratios(0.05), resolve, 50, 100.0, failed=False)["stopped"] == "max repeats"
+    # 3 repeats in 450 s: a fourth would end near 600 s, past the budget; in 449 s it fits
+    budget = auto_stop(ratios(0.05), resolve, 3, 450.01, failed=False)
+    assert budget["stopped"] == "budget" and budget["resolvable"] == {"x": 0.05, "y": 0.01}
+    assert auto_stop(ratios(0.05), resolve, 3, 449.0, failed=False) is None
+
+
+def test_an_a_a_run_end_to_end(run_bench):
+    """Plumbing only (the verdicts above are tested on constructed numbers): two identical variants, each server
+    with its own seeded cycle time, give rows whose interval, count and resolvable effect the table prints, each
+    the function of that run's pairs and baseline spread."""
+    code, out, _, results = run_bench("--repeats", "3", "--variant", "overlay", "--variant", "aa:base=overlay",
+                                      "--env", "FAKE_CYCLE_JITTER=0.2", "--env", "FAKE_SEED=7",
+                                      "--env", "FAKE_CYCLE_MS=2")
+    assert code == 0, out
+    runs = results["runs"]
+    assert [r["variant"] for r in runs] == "baseline overlay aa aa overlay baseline baseline overlay aa".split()
+    drawn = [r["model_info"]["cycle_ms"] for r in runs]
+    assert drawn == pytest.approx([2 * fake_sglang_server.cycle_factor("7", 0.2, Path(r["log"]).parent.name)
+                                   for r in runs])
+    assert len(set(drawn)) == len(runs)  # each server its own draw
+    for name in ("overlay", "aa"):
+        for phase, key, label, higher in METRICS:
+            row, base = results["ratios"][name][label], results["ratios"]["baseline"][label]
+            pairs = [[r for r in runs if r["repeat"] == repeat] for repeat in (1, 2, 3)]
+            metric = [({r["variant"]: (r["metrics"][phase] if phase else r["metrics"]).get(key) for r in pair})
+                      for pair in pairs]
+            expected = [m[name] / m["baseline"] for m in metric if m[name] is not None and m["baseline"]]
+            assert row.get("ratios", []) == pytest.approx(expected)
+            assert {k: v for k, v in row.items() if k != "value_median"} == ratio_summary(
+                row.get("ratios", []), higher, base.get("spread"))
+    line = re.search(r"^aa +batch output tok/s +[\d.]+ +([\d.]+) \[([\d.]+)-([\d.]+)\] +3 +±([\d.]+)%  (.+)$", out,
+                     re.M)
+    row = results["ratios"]["aa"][TOK_S]
+    assert line and line.group(5) == row["verdict"] and float(line.group(4)) == round(row["resolvable"] * 100, 1)
+    assert float(line.group(2)) == round(row["interval"][0], 3) and float(line.group(3)) == round(row["interval"][1], 3)
+    assert re.search(r"^baseline +batch output tok/s +[\d.]+ +1 \[[\d.]+-[\d.]+\] +3 +its own servers' spread: noise"
+                     r" floor ±[\d.]+%$", out, re.M)
