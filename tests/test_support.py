@@ -19,28 +19,6 @@ TARGET_MODULES = {
                "sglang.srt.speculative.eagle_worker_v2", "sglang.srt.models.kimi_k25"],
 }
 
-# Imports each module on its own so that one failure does not hide the others.
-IMPORT_REPORT = '''
-import importlib, json, sys
-import sglang
-import sglang_pcie, sglang_pcie.runtime.activate
-errors = {}
-for name in MODULES:
-    try:
-        importlib.import_module(name)
-    except BaseException as exc:
-        errors[name] = f"{type(exc).__name__}: {exc}"
-import torch
-print(json.dumps({
-    "sglang_version": sglang.__version__,
-    "import_errors": errors,
-    "cuda_available": torch.cuda.is_available(),
-    "sgl_kernel_loaded": "sgl_kernel" in sys.modules,
-    "sglang_pcie_file": sglang_pcie.__file__,
-    "prefix": sys.prefix,
-    "overlay_activated": sglang_pcie.runtime.activate._activated,
-}))
-'''
 
 
 @pytest.fixture(scope="module", params=sorted(TARGET_MODULES))
@@ -48,7 +26,7 @@ def import_report(request, sglang_env):
     """One child run per release; the tests below read its report."""
     env = sglang_env(request.param)
     modules = TARGET_MODULES[request.param]
-    proc = env.run(f"MODULES = {modules!r}\n{IMPORT_REPORT}")
+    proc = env.run_script("import_report.py", json.dumps(modules))
     assert proc.returncode == 0, f"child failed\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     report["stderr_tail"] = proc.stderr[-4000:]

@@ -138,16 +138,6 @@ def test_profile_file_that_cannot_be_written_is_named_at_once(tmp_path, where, p
     assert len(s.errors) == 1 and s.errors[0].startswith(f"EAGLE3_PROFILE_FILE={path!r}: ") and problem in s.errors[0]
 
 
-READ_ONLY = """
-import json, os, sys
-sys.path[:0] = {paths!r}
-from sglang_pcie.runtime.settings import load_settings
-load_settings({{}})  # every import done while the interpreter's own files are still readable
-if os.geteuid() == 0:  # root writes anywhere: ask as an ordinary user, as a server would run
-    os.setgid(65534); os.setuid(65534)
-print(json.dumps([load_settings({{"EAGLE3_PROFILE_FILE": p, "XDG_CONFIG_HOME": {scratch!r}}}).errors
-                  for p in {files!r}]))
-"""
 
 
 def test_profile_file_in_a_read_only_folder_or_read_only_file_is_named():
@@ -158,7 +148,7 @@ def test_profile_file_in_a_read_only_folder_or_read_only_file_is_named():
     import tempfile
 
     import sglang_pcie_startup
-    from conftest import REPO
+    from support import REPO, SUPPORT
 
     with tempfile.TemporaryDirectory() as scratch:  # under /tmp, so that an ordinary user can reach it
         os.chmod(scratch, 0o755)
@@ -169,7 +159,9 @@ def test_profile_file_in_a_read_only_folder_or_read_only_file_is_named():
         os.chmod(files[1], 0o444)
         os.chmod(folder, 0o555)
         paths = [str(REPO), os.path.dirname(sglang_pcie_startup.__file__)]
-        proc = subprocess.run([sys.executable, "-c", READ_ONLY.format(paths=paths, files=files, scratch=scratch)],
+        script = SUPPORT / "scripts" / "settings_as_nobody.py"
+        proc = subprocess.run([sys.executable, str(script), json.dumps({"paths": paths, "files": files,
+                                                                           "scratch": scratch})],
                               capture_output=True, text=True)
         os.chmod(folder, 0o755)
     assert proc.returncode == 0, proc.stderr
