@@ -493,8 +493,8 @@ def distribution(values) -> dict:
 
 # The profiler's methods timed one by one; inclusive (end_cycle includes _read_finished and _drain, which include
 # _take, which includes _report).
-TIMED_METHODS = ("begin_cycle", "begin_phase", "end_phase", "end_cycle", "_count_tokens", "_collect_stash",
-                 "_sum_copies", "_read_finished", "_drain", "_take", "_report")
+TIMED_METHODS = ("begin_cycle", "begin_phase", "end_phase", "end_cycle", "tokens.count", "tokens.collect_stash",
+                 "tokens.sum_copies", "_read_finished", "_drain", "_take", "_report")
 
 
 def time_methods(profiler) -> dict:
@@ -511,7 +511,9 @@ def time_methods(profiler) -> dict:
         return call
 
     for name in TIMED_METHODS:
-        setattr(profiler, name, timed(getattr(profiler, name), durations[name]))
+        owner, _, method = name.rpartition(".")
+        holder = getattr(profiler, owner) if owner else profiler
+        setattr(holder, method, timed(getattr(holder, method), durations[name]))
     return durations
 
 

@@ -1,10 +1,21 @@
-"""EAGLE profile intervals built with the profiler's own statistics, for the profiler's and profile-report's tests."""
+"""EAGLE profiler fakes for the profiler's and profile-report's tests: intervals built with the profiler's own
+statistics, a GPU timeline the test advances, and a worker / scheduler shaped like SGLang's."""
 from __future__ import annotations
+
+import types
 
 from sglang_pcie.runtime import eagle_profiler as ep
 
 META = {"run_id": "20261130T100000Z-42", "run_started": 1796032800.0, "pid": 42, "tp_rank": 0, "pp_rank": 0,
         "dp_rank": None, "worker": "EAGLEWorkerV2", "timer": "cuda", "interval": 200}
+# The keys of a record of the current schema (docs/eagle3-profile.md).
+RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
+               "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
+               "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
+               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
+               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
+               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
+               "projected_speedup", "syncs", "unfinished_at_exit"}
 
 
 def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=25.0):
@@ -20,3 +31,149 @@ def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=2
     stats.wall_start, stats.wall_end = 0, int(decode_cycles * wall_cycle_ms * 1e6)
     stats.wall_cycle_ns, stats.wall_cycles = int((decode_cycles - 1) * wall_cycle_ms * 1e6), decode_cycles - 1
     return stats
+
+
+# ------------------------------------------------------------------ the profiler, driven through wrap()
+
+
+class Mode:
+    """The slice of SGLang's ForwardMode the profiler reads (the patch's tests use the real enum)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def is_extend(self):
+        return self.name == "extend"
+
+    def is_idle(self):
+        return self.name == "idle"
+
+
+class GpuTimeline:
+    """A clock whose marks complete only when the test says the 'GPU' got there: shows when the profiler reads.
+    Each mark is 1 ms after the one recorded before it."""
+
+    name = "test"
+
+    def __init__(self, capturing=False):
+        self.now = 0.0
+        self.completed = 0  # marks [0, completed) are done
+        self.recorded = 0
+        self.waits = 0
+        self.is_capturing = capturing
+
+    def new_marks(self, count):
+        return [None] * count
+
+    def capturing(self):
+        return self.is_capturing
+
+    def record(self, marks, index):
+        assert not self.is_capturing, "an event recorded while a CUDA graph is being captured"
+        self.now += 1.0
+        marks[index] = (self.recorded, self.now)
+        self.recorded += 1
+
+    def is_done(self, marks, index):
+        assert not self.is_capturing, "an event query while a CUDA graph is being captured"
+        return marks[index][0] < self.completed
+
+    def wait(self, marks, index):
+        assert not self.is_capturing, "an event wait while a CUDA graph is being captured"
+        self.waits += 1
+        self.completed = max(self.completed, marks[index][0] + 1)
+
+    def elapsed_ms(self, marks, start, end):
+        assert self.is_done(marks, start) and self.is_done(marks, end), "read before the GPU got there"
+        return marks[end][1] - marks[start][1]
+
+    def stage_tokens(self, slot_index, accept_lens):
+        return sum(accept_lens)
+
+    def read_tokens(self, slot_index, staged):
+        return staged
+
+
+class AcceptLens(list):
+    """accept_lens in host memory (as on a machine without CUDA): counted at once."""
+
+    shape = property(lambda self: (len(self),))
+    is_cuda = False
+
+    def sum(self):
+        return sum(self)
+
+
+class DeviceAcceptLens(AcceptLens):
+    """accept_lens 'on the GPU': the profiler must not read it on the host."""
+
+    is_cuda = True
+
+    def tolist(self):
+        raise AssertionError("a device tensor read on the host")
+
+    def sum(self):
+        raise AssertionError("a device tensor read on the host")
+
+
+class HostCopy(list):
+    """What SGLang's copy_to_cpu puts in result.accept_lens: a host tensor."""
+
+    is_cuda = False
+
+    def tolist(self):
+        return list(self)
+
+
+class Worker:
+    """A worker shaped like SGLang's (cycle calls draft, verify, re-extend); its methods wrapped by ep.wrap."""
+
+    tp_rank = 0
+    accept = (2, 1, 3)
+    result_lens = AcceptLens
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward_batch_generation(self, batch):
+        self.calls += 1
+        if batch.forward_mode.is_extend():
+            return types.SimpleNamespace()
+        self.draft(batch)
+        self.verify(batch)
+        self.draft_extend(batch)
+        return types.SimpleNamespace(accept_lens=self.result_lens(self.accept))
+
+    def draft(self, batch):
+        return "drafted"
+
+    def verify(self, batch):
+        return "verified"
+
+    def draft_extend(self, batch):
+        return "extended"
+
+
+for _name, _phase in (("forward_batch_generation", "cycle"), ("draft", "draft"), ("verify", "verify"),
+                      ("draft_extend", "draft_extend")):
+    setattr(Worker, _name, ep.wrap(getattr(Worker, _name), _phase))
+
+
+class Scheduler:
+    """What SGLang's scheduler does with each result, in order: copy accept_lens to the host right after the
+    forward (copy_to_cpu, with a copy_done event), and read it after the next forward."""
+
+    def __init__(self, worker, copies=True):
+        self.worker = worker
+        self.copies = copies
+
+    def step(self, mode="decode"):
+        result = self.worker.forward_batch_generation(batch(mode))
+        if self.copies and getattr(result, "accept_lens", None) is not None:
+            result.accept_lens = HostCopy(result.accept_lens)
+            result.copy_done = types.SimpleNamespace(query=lambda: True)
+        return result
+
+
+def batch(mode="decode"):
+    return types.SimpleNamespace(forward_mode=Mode(mode), is_extend_in_batch=False)

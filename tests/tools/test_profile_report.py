@@ -11,14 +11,6 @@ from support.eagle_records import META, interval_stats
 from sglang_pcie.runtime import eagle_profiler as ep
 from sglang_pcie.tools import profile_report
 
-RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
-               "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
-               "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
-               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
-               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
-               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
-               "projected_speedup", "syncs", "unfinished_at_exit"}
-
 
 # ------------------------------------------------------------------------------------------- report
 
