@@ -8,22 +8,24 @@ from sglang_pcie.runtime import eagle_profiler as ep
 
 META = {"run_id": "20261130T100000Z-42", "run_started": 1796032800.0, "pid": 42, "tp_rank": 0, "pp_rank": 0,
         "dp_rank": None, "worker": "EAGLEWorkerV2", "timer": "cuda", "interval": 200}
-# The keys of a record of the current schema (docs/eagle3-profile.md).
+# The keys of a record of the current schema (docs/eagle3-profile.md); each phases_ms entry has PHASE_KEYS.
 RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
                "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
                "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
-               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
-               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
-               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
-               "projected_speedup", "syncs", "unfinished_at_exit"}
+               "phases_ms", "phases_sum_ms", "cycle_ms", "timed_wall_cycle_ms", "wall_cycle_ms", "wall_cycles",
+               "gpu_busy", "bound", "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu",
+               "tokens_per_s_per_request", "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms",
+               "break_even_accept_length", "projected_speedup", "syncs", "unfinished_at_exit"}
+PHASE_KEYS = {"n", "mean", "p50", "p90", "share"}
 
 
 def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=25.0):
-    """An interval with ``decode_cycles`` counted (tokens known for each) and the ``timed`` (draft, verify,
-    draft_extend, cycle) ms samples."""
+    """An interval with ``decode_cycles`` counted (tokens known for each), each ``wall_cycle_ms`` apart, and the
+    ``timed`` (draft, verify, draft_extend, cycle[, wall]) ms samples (wall: ``wall_cycle_ms`` unless given)."""
     stats = ep.IntervalStats()
-    for draft, verify, extend, cycle in timed:
-        stats.add_timed({"draft": draft, "verify": verify, "draft_extend": extend}, cycle)
+    for draft, verify, extend, cycle, *wall in timed:
+        stats.add_timed({"draft": draft, "verify": verify, "draft_extend": extend}, cycle,
+                        wall[0] if wall else wall_cycle_ms)
     for _ in range(decode_cycles):
         stats.decode_cycles += 1
         stats.requests_all += batch_size
@@ -177,3 +179,97 @@ class Scheduler:
 
 def batch(mode="decode"):
     return types.SimpleNamespace(forward_mode=Mode(mode), is_extend_in_batch=False)
+
+
+# ------------------------------------------------ a simulated GPU stream under SGLang's overlap scheduler
+
+
+class SimulatedStream:
+    """A clock over one simulated CUDA stream: the host's time (``host_ms``, what the profiler's perf_counter reads)
+    and the stream's (work runs in launch order; an event completes when the stream reaches it).  ``launch(ms)``
+    enqueues GPU work; the host only waits where the scheduler would (``wait_until``)."""
+
+    name = "simulated"
+
+    def __init__(self):
+        self.host_ms = 0.0
+        self.tail_ms = 0.0  # when the stream finishes what was launched so far
+
+    def host_ns(self):
+        return int(self.host_ms * 1e6)
+
+    def launch(self, ms, host_cost_ms=0.01):
+        self.tail_ms = max(self.host_ms, self.tail_ms) + ms
+        self.host_ms += host_cost_ms
+
+    def wait_until(self, gpu_ms):
+        self.host_ms = max(self.host_ms, gpu_ms)
+
+    def new_marks(self, count):
+        return [None] * count
+
+    def capturing(self):
+        return False
+
+    def record(self, marks, index):
+        marks[index] = max(self.host_ms, self.tail_ms)
+
+    def is_done(self, marks, index):
+        return marks[index] <= self.host_ms
+
+    def wait(self, marks, index):
+        self.wait_until(marks[index])
+
+    def elapsed_ms(self, marks, start, end):
+        return marks[end] - marks[start]
+
+    def stage_tokens(self, slot_index, accept_lens):
+        return sum(accept_lens)
+
+    def read_tokens(self, slot_index, staged):
+        return staged
+
+
+class SimulatedWorker:
+    """A worker whose phases launch GPU work of the lengths ``durations()`` gives for each cycle."""
+
+    tp_rank = 0
+
+    def __init__(self, stream, durations):
+        self.stream = stream
+        self.durations = durations
+        self.current = None
+
+    def forward_batch_generation(self, batch):
+        self.current = self.durations()
+        self.draft(batch)
+        self.verify(batch)
+        self.draft_extend(batch)
+        return types.SimpleNamespace(accept_lens=AcceptLens([2, 3]))
+
+    def draft(self, batch):
+        self.stream.launch(self.current[0])
+
+    def verify(self, batch):
+        self.stream.launch(self.current[1])
+
+    def draft_extend(self, batch):
+        self.stream.launch(self.current[2])
+
+
+for _name, _phase in (("forward_batch_generation", "cycle"), ("draft", "draft"), ("verify", "verify"),
+                      ("draft_extend", "draft_extend")):
+    setattr(SimulatedWorker, _name, ep.wrap(getattr(SimulatedWorker, _name), _phase))
+
+
+def run_overlap_scheduler(stream, worker, cycles, host_ms):
+    """SGLang's overlap scheduler: launch cycle N, then process cycle N-1's result (wait for the GPU to finish it,
+    then ``host_ms`` of host work), then launch N+1.  GPU-bound when a cycle's GPU time exceeds the host's."""
+    previous_done = None
+    for _ in range(cycles):
+        worker.forward_batch_generation(batch())
+        done = stream.tail_ms
+        if previous_done is not None:
+            stream.wait_until(previous_done)
+        stream.host_ms += host_ms
+        previous_done = done

@@ -37,6 +37,10 @@ def test_report_from_json_lines(tmp_path, capsys):
     assert summary["phases_ms"]["cycle"]["mean"] == pytest.approx(23.0)  # weighted by timed cycles
     assert summary["accept_length"] == pytest.approx(500 / 400) and summary["accept_length_exact"]
     assert summary["wall_cycle_ms"] == pytest.approx(25.0) and summary["gpu_busy"] == pytest.approx(23.0 / 25.0)
+    assert summary["timed_wall_cycle_ms"] == pytest.approx(25.0) and summary["gpu_busy_over"] == "timed cycles"
+    # percentiles only from the interval with at least QUANTILE_MIN timed cycles (30), with that count
+    cycle = summary["phases_ms"]["cycle"]
+    assert (cycle["n"], cycle["percentile_n"], cycle["p50"]) == (40, 30, pytest.approx(24.0))
     assert summary["tokens_per_s_served"] == pytest.approx(500 / (400 * 0.025))
     assert summary["phases_sum_ms"] <= summary["cycle_ms"] <= summary["wall_cycle_ms"]
     assert summary["break_even_accept_length"] == pytest.approx(25.0 / 12.0)
@@ -47,6 +51,8 @@ def test_report_from_json_lines(tmp_path, capsys):
     assert "verify" in table and "break-even accept length 1.25" in table
     assert "speedup over the baseline: 1.00x" in table
     assert "GPU busy 92%: GPU-bound" in table and "tokens/s served (wall time): 50.0" in table
+    assert "(the same timed cycles)" in table and "at least 20 timed cycles, 30 cycles" in table
+    assert [line.split()[:2] for line in table.splitlines() if line.startswith("cycle ")] == [["cycle", "40"]]
 
 
 def test_report_separates_runs_newest_by_default(tmp_path, capsys):
@@ -112,6 +118,27 @@ def test_report_reads_schema_1_records_and_log_lines(tmp_path, capsys):
     assert all(r["accept_length"] == pytest.approx(1.73) for r in runs)
 
 
+def test_report_reads_schema_2_records_with_their_gpu_busy_over_every_cycle(tmp_path, capsys):
+    """Schema 2 had no wall time of the timed cycles: GPU busy stays the old division, and says so; its intervals'
+    percentiles from fewer than QUANTILE_MIN timed cycles are not used."""
+    record = _interval(20.0, 18.0, 2, 200, timed=8, wall_cycle_ms=19.0)
+    record["schema"] = "sglang-pcie.eagle3-profile/2"
+    del record["timed_wall_cycle_ms"]
+    for entry in record["phases_ms"].values():
+        entry.pop("n")
+        entry["p50"] = entry["p90"] = entry["mean"]
+    path = tmp_path / "v2.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["gpu_busy"] == pytest.approx(20.0 / 19.0) and summary["gpu_busy_over"] == "every cycle"
+    assert summary["timed_wall_cycle_ms"] is None and summary["phases_ms"]["cycle"]["n"] == 8
+    assert summary["phases_ms"]["cycle"]["p50"] is None and summary["phases_ms"]["cycle"]["percentile_n"] == 0
+    assert cli_main(["profile-report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "GPU busy 105%" in text and "not the same cycles; may exceed 100%" in text
+
+
 MALFORMED = [
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5}', "no phases_ms.cycle"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "phases_ms": {"cycle": {"mean": 1}}}', "no decode_cycles"),
@@ -121,8 +148,8 @@ MALFORMED = [
      "mean='x' is not a number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5, "phases_ms": {"cycle": 3}}',
      "no phases_ms.cycle"),
-    ('{"schema": "sglang-pcie.eagle3-profile/3", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
-     "schema sglang-pcie.eagle3-profile/3 is newer than this sglang-pcie reads"),
+    ('{"schema": "sglang-pcie.eagle3-profile/4", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
+     "schema sglang-pcie.eagle3-profile/4 is newer than this sglang-pcie reads"),
     ('{"schema": "sglang-pcie.eagle3-profile/x"}', "has no major number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5', "not valid JSON"),
     ("[TP0] sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=5 | accept_len=2.00",

@@ -63,27 +63,32 @@ import logging
 
 from sglang_pcie.runtime.eagle_profiler.clocks import CudaClock, HostClock, default_clock
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, process_start_time, run_identity
-from sglang_pcie.runtime.eagle_profiler.profiler import (DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET, MAX_SPANS,
-                                                         READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, Profiler,
-                                                         cycle_kind)
+from sglang_pcie.runtime.eagle_profiler.profiler import (DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET, MAX_SPANS, NEXT_MARK,
+                                                         READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL,
+                                                         Profiler, cycle_kind)
 from sglang_pcie.runtime.eagle_profiler.prometheus import ACCEPT_BUCKETS, PHASE_BUCKETS, PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, tp_rank, worker_ranks
 from sglang_pcie.runtime.eagle_profiler.records import (CYCLE, DECODE, HOST_BOUND_BELOW, IDLE, LOG_PREFIX, PHASES,
-                                                        PREFILL, REPORTED, RESERVOIR, SCHEMA, SCHEMA_FAMILY,
-                                                        SCHEMA_MAJOR, IntervalStats, Series, bound, finite,
-                                                        format_line, projection, quantile, to_json)
+                                                        PREFILL, QUANTILE_MIN, REPORTED, RESERVOIR, SCHEMA,
+                                                        SCHEMA_FAMILY, SCHEMA_MAJOR, IntervalStats, Series, bound,
+                                                        finite, format_line, projection, quantile, to_json)
 from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, V1_ACCEPT_FIELDS, TokenCounter
 from sglang_pcie.runtime.results import is_patched, mark
 
 __all__ = [
+    # the hooks (this module)
     "PATCH_ID", "disabled_reason", "profile_phase", "wrap", "get_profiler", "set_profiler", "flag_untimed_workers",
-    "CudaClock", "HostClock", "default_clock", "install_exit_flush", "process_start_time", "run_identity",
-    "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "READ_PER_CALL", "SAMPLE_MAX", "SAMPLE_START",
-    "Profiler", "cycle_kind", "ACCEPT_BUCKETS", "PHASE_BUCKETS", "PrometheusExport", "metrics_enabled",
-    "model_name", "tp_rank", "worker_ranks", "CYCLE", "DECODE", "HOST_BOUND_BELOW", "IDLE", "LOG_PREFIX", "PHASES",
-    "PREFILL", "REPORTED", "RESERVOIR", "SCHEMA", "SCHEMA_FAMILY", "SCHEMA_MAJOR", "IntervalStats", "Series",
-    "bound", "finite", "format_line", "projection", "quantile", "to_json", "TOKEN_BATCH", "V1_ACCEPT_FIELDS",
-    "TokenCounter",
+    # profiler
+    "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL", "SAMPLE_MAX",
+    "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind",
+    # clocks, tokens, process, ranks, prometheus
+    "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter",
+    "install_exit_flush", "process_start_time", "run_identity", "metrics_enabled", "model_name", "tp_rank",
+    "worker_ranks", "ACCEPT_BUCKETS", "PHASE_BUCKETS", "PrometheusExport",
+    # records
+    "CYCLE", "DECODE", "HOST_BOUND_BELOW", "IDLE", "LOG_PREFIX", "PHASES", "PREFILL", "QUANTILE_MIN", "REPORTED",
+    "RESERVOIR", "SCHEMA", "SCHEMA_FAMILY", "SCHEMA_MAJOR", "IntervalStats", "Series", "bound", "finite",
+    "format_line", "projection", "quantile", "to_json",
 ]
 
 PATCH_ID = "eagle3-profile"

@@ -13,7 +13,7 @@ from sglang_pcie.runtime.eagle_profiler.clocks import default_clock
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, run_identity
 from sglang_pcie.runtime.eagle_profiler.prometheus import PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, worker_ranks
-from sglang_pcie.runtime.eagle_profiler.records import (CYCLE, DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,
+from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,
                                                         format_line, to_json)
 from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
 
@@ -21,8 +21,11 @@ DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, w
 DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finished it
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
 MAX_SPANS = 6  # phase calls timed per cycle (pipeline-parallel tail drafting calls draft twice)
+NEXT_MARK = 2 + 2 * MAX_SPANS  # a timed decode cycle's last mark: the next decode cycle's start (its wall time)
 SAMPLE_START = 16  # about one decode cycle in this many is timed in the first interval
 SAMPLE_MAX = 64
+TIMED_PER_INTERVAL = 24  # the floor: sampling never leaves fewer timed decode cycles per full interval (QUANTILE_MIN
+# of them give its percentiles; the margin covers timed cycles a prefill follows, which are dropped)
 HOST_BUDGET = 0.002  # sampling aims at profiler host time <= this share of the wall-clock decode cycle
 
 _now = time.perf_counter_ns
@@ -45,16 +48,20 @@ class Profiler:
         self.drain_lag = drain_lag
         self.read_per_call = read_per_call  # 0: read only in batches of drain_batch
         self.fixed_sample_every = sample_every
-        self.sample_every = sample_every or SAMPLE_START
+        self.sample_every = sample_every or min(SAMPLE_START, self._sample_floor())
         self.exit_flush = exit_flush
         self._rng = random.Random(os.getpid() if seed is None else seed)
-        self._countdown = self._gap()
+        self._countdown = self._gap()  # prefill cycles until the next timed one
+        self._block = -1  # decode cycles are timed one per block of sample_every, at a random offset in the block
+        self._block_offset = 0
+        self._block_timed = False
         self._clock = clock
         self._bound = False
         self._slots = []
         self._free = []
         self._pending = deque()  # timed cycles not read yet
         self._current = None  # the timed cycle being run by the worker, if any
+        self._awaiting_next = None  # the timed decode cycle waiting for the next cycle's start (its wall time's end)
         self._in_cycle = False
         self._cycle_no = 0
         self._wall_owner = None  # the interval whose last decode cycle ran last: its wall time ends at the next start
@@ -69,9 +76,14 @@ class Profiler:
         self.metrics = None
 
     def _gap(self):
-        """Cycles until the next timed one: 1 when every cycle is timed, else uniform with mean sample_every."""
+        """Prefill cycles until the next timed one: 1 when every cycle is timed, else uniform with mean
+        sample_every."""
         every = self.sample_every
         return 1 if every <= 1 else self._rng.randint(1, 2 * every - 1)
+
+    def _sample_floor(self):
+        """The largest sample_every that still times TIMED_PER_INTERVAL decode cycles per interval."""
+        return max(1, self.interval // TIMED_PER_INTERVAL)
 
     # -- binding to the worker, at its first cycle
 
@@ -85,7 +97,7 @@ class Profiler:
         capacity = self.drain_batch + self.drain_lag + 1
         if self._clock is None:
             self._clock = default_clock(capacity)
-        marks_per_cycle = 2 + 2 * MAX_SPANS
+        marks_per_cycle = NEXT_MARK + 1
         self._slots = [_Slot(i, self._clock.new_marks(marks_per_cycle)) for i in range(capacity)]
         self._free = list(reversed(self._slots))
         run_id, started = run_identity()
@@ -122,32 +134,18 @@ class Profiler:
             self._cycle_no += 1
             if self.tokens.stash is not None:  # before this cycle allocates: the previous result is not kept alive
                 self.tokens.collect_stash()
-            stats = self.stats
+            if self._awaiting_next is not None:
+                timed = self._end_timed_wall(kind)
             if kind == IDLE:
-                stats.idle_cycles += 1
+                self.stats.idle_cycles += 1
                 self._last_decode_start = None
                 return None
-            if kind == DECODE:
-                if self._last_decode_start is not None:
-                    stats.wall_cycle_ns += start - self._last_decode_start
-                    stats.wall_cycles += 1
-                self._last_decode_start = start
-                if stats.wall_start is None:
-                    stats.wall_start = start
-            else:
-                self._last_decode_start = None
-            self._countdown -= 1
+            self._count_start(kind, start)
             self._in_cycle = True
-            if self._countdown > 0 or not self._free or self._clock.capturing():
+            if not self._wants_timing(kind) or not self._free or self._clock.capturing():
                 return kind  # counted, not timed (and nothing recorded while a CUDA graph is being captured)
-            self._countdown = self._gap()
             timed = True
-            slot = self._free.pop()
-            slot.reset(kind, stats, self._cycle_no)
-            stats.outstanding += 1
-            self._clock.record(slot.marks, 0)
-            self._current = slot
-            return slot
+            return self._open_slot(kind)
         except Exception as exc:
             self._fail(exc)
             return None
@@ -156,6 +154,62 @@ class Profiler:
             self._host_ns += spent
             if timed:
                 self._host_timed_ns += spent
+
+    def _count_start(self, kind, start):
+        """The wall time between decode cycles (decode -> decode only: pauses between requests do not count)."""
+        stats = self.stats
+        if kind != DECODE:
+            self._last_decode_start = None
+            return
+        if self._last_decode_start is not None:
+            stats.wall_cycle_ns += start - self._last_decode_start
+            stats.wall_cycles += 1
+        self._last_decode_start = start
+        if stats.wall_start is None:
+            stats.wall_start = start
+
+    def _wants_timing(self, kind):
+        """Decode cycles: one in each block of sample_every, at a random offset (so no period of the workload
+        aliases with the sample), taken by a later cycle of the block if that one could not be.  Prefill cycles:
+        random gaps with mean sample_every."""
+        if kind != DECODE:
+            self._countdown -= 1
+            return self._countdown <= 0
+        every = self.sample_every
+        index = self.stats.decode_cycles
+        block = index // every
+        if block != self._block:
+            self._block, self._block_timed = block, False
+            self._block_offset = self._rng.randrange(every)
+        return not self._block_timed and index % every >= self._block_offset
+
+    def _open_slot(self, kind):
+        stats = self.stats
+        if kind == DECODE:
+            self._block_timed = True
+        else:
+            self._countdown = self._gap()
+        slot = self._free.pop()
+        slot.reset(kind, stats, self._cycle_no, self._block)
+        stats.outstanding += 1
+        self._clock.record(slot.marks, 0)
+        self._current = slot
+        return slot
+
+    def _end_timed_wall(self, kind) -> bool:
+        """The last timed decode cycle's wall time ends where this cycle starts, if this is a decode cycle (marked
+        on the stream, so that on the GPU the mark follows that cycle's end).  Otherwise it has no wall time of its
+        own and is dropped from the GPU figures; the block it was timed for times another cycle if it can.  True
+        when a mark was recorded."""
+        slot, self._awaiting_next = self._awaiting_next, None
+        if kind == DECODE and not self._clock.capturing():
+            self._clock.record(slot.marks, NEXT_MARK)
+            slot.has_next = True
+            return True
+        slot.has_next = False
+        if slot.stats is self.stats and slot.block == self._block:
+            self._block_timed = False
+        return False
 
     def end_cycle(self, token, result):
         start = _now()
@@ -177,6 +231,8 @@ class Profiler:
                 stats.prefill_cycles += 1
             if slot is not None:
                 self._pending.append(slot)
+                if kind == DECODE:
+                    self._awaiting_next = slot
                 timed_ns = _now() - start
             tokens = self.tokens
             if len(tokens.copies) >= TOKEN_BATCH or (self._closing and tokens.copies):
@@ -255,6 +311,8 @@ class Profiler:
             return read  # an event query is not allowed while a CUDA graph is being captured
         while read < limit and pending and self._cycle_no - pending[0].cycle_no >= self.drain_lag:
             slot = pending[0]
+            if slot is self._awaiting_next:
+                return read  # its wall time ends with the next cycle's start
             for mark_index in _end_marks(slot):
                 if not clock.is_done(slot.marks, mark_index):
                     return read  # the GPU is behind: read it after a later cycle, or in a batch
@@ -269,7 +327,9 @@ class Profiler:
     def _drain(self, count, wait=True):
         """Read the ``count`` oldest timed cycles, waiting for the GPU (once) if it has not passed them; with
         ``wait`` False (at exit) the ones it has not passed are dropped instead."""
-        batch = [self._pending.popleft() for _ in range(min(count, len(self._pending)))]
+        pending, batch = self._pending, []
+        while len(batch) < count and pending and pending[0] is not self._awaiting_next:
+            batch.append(pending.popleft())
         finished = []
         for slot in reversed(batch):  # newest first: once it is done, the older ones on its stream are too
             done = all(self._clock.is_done(slot.marks, i) for i in _end_marks(slot))
@@ -303,7 +363,10 @@ class Profiler:
         phase_ms = {}
         for phase, start, end in slot.spans:
             phase_ms[phase] = phase_ms.get(phase, 0.0) + clock.elapsed_ms(slot.marks, start, end)
-        stats.add_timed(phase_ms, cycle_ms)
+        if slot.has_next:
+            stats.add_timed(phase_ms, cycle_ms, clock.elapsed_ms(slot.marks, 0, NEXT_MARK))
+        else:  # a prefill, an idle cycle or the end followed it: no wall time of its own
+            stats.add_timed_without_wall()
         if self.metrics:
             self._export(self.metrics.observe_cycle, phase_ms, cycle_ms)
         if slot.staged is not NO_TOKENS:
@@ -335,21 +398,23 @@ class Profiler:
         self._closing.append(stats)
         if stats is self.stats:
             self.stats = IntervalStats()
+            self._block = -1
         self._adapt(stats)
 
     def _adapt(self, stats):
-        """Set sample_every so that the profiler's host time per cycle stays near HOST_BUDGET of the wall cycle."""
+        """Set sample_every so that the profiler's host time per cycle stays near HOST_BUDGET of the wall cycle,
+        within the floor of TIMED_PER_INTERVAL timed decode cycles per interval."""
         if self.fixed_sample_every or not stats.wall_cycles:
             return
         cycles = stats.decode_cycles + stats.prefill_cycles + stats.idle_cycles
-        timed = stats.series[CYCLE].count + stats.prefill.count
+        timed = stats.timed + stats.prefill.count
         if not cycles or not timed:
             return
         per_cycle = (stats.host_ns - stats.host_timed_ns) / cycles
         per_timed = stats.host_timed_ns / timed
         spare = HOST_BUDGET * stats.wall_cycle_ns / stats.wall_cycles - per_cycle
         every = SAMPLE_MAX if spare <= 0 else math.ceil(per_timed / spare)
-        self.sample_every = max(1, min(SAMPLE_MAX, every))
+        self.sample_every = max(1, min(SAMPLE_MAX, self._sample_floor(), every))
 
     def _report_closed(self):
         while self._closing and self._closing[0].outstanding <= 0:
@@ -378,6 +443,9 @@ class Profiler:
             return None
         if self._current is not None:  # interrupted in the middle of a timed cycle (a signal): drop it
             self.abort_cycle(self._current)
+        if self._awaiting_next is not None:  # no next cycle: no wall time
+            self._awaiting_next.has_next = False
+            self._awaiting_next = None
         self._in_cycle = False
         self._wall_owner = None  # no next cycle: the wall time ends with the last decode cycle
         if self.tokens.stash is not None:
@@ -395,9 +463,11 @@ class Profiler:
 
 
 class _Slot:
-    """One timed cycle's marks: 0/1 bracket the cycle, then one pair per phase call."""
+    """One timed cycle's marks: 0/1 bracket the cycle, then one pair per phase call, and NEXT_MARK at the next
+    decode cycle's start."""
 
-    __slots__ = ("index", "marks", "spans", "kind", "open_phases", "stats", "cycle_no", "batch_size", "staged")
+    __slots__ = ("index", "marks", "spans", "kind", "open_phases", "stats", "cycle_no", "block", "has_next",
+                 "batch_size", "staged")
 
     def __init__(self, index, marks):
         self.index = index
@@ -405,10 +475,12 @@ class _Slot:
         self.spans = []  # (phase, start mark, end mark)
         self.open_phases = set()
 
-    def reset(self, kind, stats, cycle_no):
+    def reset(self, kind, stats, cycle_no, block):
         self.kind = kind
         self.stats = stats  # the interval the cycle began in: its figures go there, whenever they are read
         self.cycle_no = cycle_no
+        self.block = block
+        self.has_next = False
         self.spans.clear()
         self.open_phases.clear()
         self.batch_size = None
@@ -416,8 +488,9 @@ class _Slot:
 
 
 def _end_marks(slot):
-    """The marks recorded last in a slot: the cycle's end, then each phase's (a phase may run on another stream)."""
-    return [1] + [end for _, _, end in slot.spans]
+    """The marks recorded last in a slot, newest first (on one stream, once the first is done so are the others):
+    the next cycle's start, the cycle's end, then each phase's (a phase may run on another stream)."""
+    return ([NEXT_MARK] if slot.has_next else []) + [1] + [end for _, _, end in slot.spans]
 
 
 def cycle_kind(batch) -> str:

@@ -9,7 +9,9 @@ import random
 import time
 
 SCHEMA_FAMILY = "sglang-pcie.eagle3-profile/"
-SCHEMA_MAJOR = 2  # 2: sampled timers, run id and ranks, wall-clock and served figures, profiler host time
+# 2: sampled timers, run id and ranks, wall-clock and served figures, profiler host time.  3: GPU busy over the
+# timed cycles' own wall time (timed_wall_cycle_ms), a sample count per phase, no percentile from too few samples.
+SCHEMA_MAJOR = 3
 SCHEMA = f"{SCHEMA_FAMILY}{SCHEMA_MAJOR}"
 LOG_PREFIX = "sglang-pcie eagle3-profile"
 CYCLE = "cycle"
@@ -18,6 +20,7 @@ REPORTED = PHASES + ("other", CYCLE)  # "other": the cycle minus its phases (hos
 DECODE, PREFILL, IDLE = "decode", "prefill", "idle"
 
 RESERVOIR = 4096  # samples kept per series per interval for p50/p90
+QUANTILE_MIN = 20  # p50 / p90 are given from this many samples (p90 of 20: two samples above it); n/a below
 HOST_BOUND_BELOW = 0.9  # GPU busy for less than this share of the wall-clock cycle: host-bound
 
 
@@ -45,7 +48,13 @@ class Series:
         return self.total / self.count if self.count else None
 
     def quantile(self, q):
-        return quantile(sorted(self.samples), q)
+        """The q-quantile of the sample, or None from fewer than ``QUANTILE_MIN`` values."""
+        return quantile(sorted(self.samples), q) if self.count >= QUANTILE_MIN else None
+
+    def summary(self) -> dict:
+        """{n, mean, p50, p90}: the sample count next to the figures it gives."""
+        ordered = sorted(self.samples) if self.count >= QUANTILE_MIN else ()
+        return {"n": self.count, "mean": self.mean, "p50": quantile(ordered, 0.5), "p90": quantile(ordered, 0.9)}
 
 
 def quantile(ordered, q):
@@ -78,6 +87,8 @@ class IntervalStats:
         # after the last decode cycle (that cycle's end until then)
         self.wall_cycle_ns = 0  # summed host time from one decode cycle's start to the next's (decode -> decode)
         self.wall_cycles = 0
+        self.timed = 0  # decode cycles timed (those without a wall time of their own included)
+        self.timed_wall_ms = 0.0  # summed wall time of the timed decode cycles, each to the next one's start
         self.host_ns = 0  # profiler hooks, all of them
         self.host_timed_ns = 0  # ... the part spent on timed cycles (marks, reading them)
         self.syncs = 0
@@ -86,11 +97,20 @@ class IntervalStats:
         self.sample_every = None
         self.partial = False
 
-    def add_timed(self, phase_ms: dict, cycle_ms: float):
+    def add_timed(self, phase_ms: dict, cycle_ms: float, wall_ms: float):
+        """A timed decode cycle: its phases and cycle (GPU time) and its wall time, from its start to the next
+        decode cycle's start, on the same clock."""
+        self.timed += 1
         for phase in PHASES:
             self.series[phase].add(phase_ms.get(phase, 0.0))
         self.series["other"].add(max(0.0, cycle_ms - sum(phase_ms.values())))
         self.series[CYCLE].add(cycle_ms)
+        self.timed_wall_ms += wall_ms
+
+    def add_timed_without_wall(self):
+        """A timed decode cycle that a prefill, an idle cycle or the end followed: no wall time of its own, so it
+        stays out of the GPU figures (they are all over the same cycles)."""
+        self.timed += 1
 
     def add_tokens(self, batch_size, tokens):
         if batch_size and tokens is not None:
@@ -105,32 +125,32 @@ class IntervalStats:
         cycle_mean = self.series[CYCLE].mean
         phases = {}
         for name, series in self.series.items():
-            mean = series.mean
-            phases[name] = {"mean": mean, "p50": series.quantile(0.5), "p90": series.quantile(0.9),
-                            "share": (mean / cycle_mean) if mean is not None and cycle_mean else None}
-        timed = self.series[CYCLE].count
+            phases[name] = series.summary()
+            mean = phases[name]["mean"]
+            phases[name]["share"] = (mean / cycle_mean) if mean is not None and cycle_mean else None
+        with_wall = self.series[CYCLE].count
+        timed_wall_ms = self.timed_wall_ms / with_wall if with_wall else None
         accept = self.tokens / self.requests if self.requests else None
         exact = accept is not None and self.token_cycles == self.decode_cycles
         # tokens emitted by all decode cycles: counted where exact, else the accept length x their requests
         emitted = self.tokens if exact else (accept * self.requests_all if accept is not None else None)
         wall_s = (self.wall_end - self.wall_start) / 1e9 if self.wall_start is not None else None
         wall_cycle_ms = self.wall_cycle_ns / self.wall_cycles / 1e6 if self.wall_cycles else None
-        gpu_busy = cycle_mean / wall_cycle_ms if cycle_mean is not None and wall_cycle_ms else None
+        gpu_busy = cycle_mean / timed_wall_ms if cycle_mean is not None and timed_wall_ms else None
         all_cycles = self.decode_cycles + self.prefill_cycles + self.idle_cycles
         gpu_s = cycle_mean * self.decode_cycles / 1e3 if cycle_mean else None
         record = {
             "schema": SCHEMA, "time": time.time(), **meta, "partial": self.partial,
             "decode_cycles": self.decode_cycles, "prefill_cycles": self.prefill_cycles,
-            "idle_cycles": self.idle_cycles, "timed_cycles": timed, "sample_every": self.sample_every,
+            "idle_cycles": self.idle_cycles, "timed_cycles": self.timed, "sample_every": self.sample_every,
             "decode_requests": self.requests, "requests_all": self.requests_all, "tokens": self.tokens,
             "accept_length": accept, "accept_length_exact": exact,
             "phases_ms": phases,
-            "phases_sum_ms": (sum(phases[p]["mean"] for p in PHASES) if timed else None),
-            "cycle_ms": cycle_mean, "wall_cycle_ms": wall_cycle_ms, "wall_cycles": self.wall_cycles,
+            "phases_sum_ms": (sum(phases[p]["mean"] for p in PHASES) if with_wall else None),
+            "cycle_ms": cycle_mean, "timed_wall_cycle_ms": timed_wall_ms,
+            "wall_cycle_ms": wall_cycle_ms, "wall_cycles": self.wall_cycles,
             "gpu_busy": gpu_busy, "bound": bound(gpu_busy),
-            "prefill_ms": ({"mean": self.prefill.mean, "p50": self.prefill.quantile(0.5),
-                            "p90": self.prefill.quantile(0.9), "timed": self.prefill.count}
-                           if self.prefill.count else None),
+            "prefill_ms": _prefill(self.prefill),
             "wall_s": wall_s,
             "tokens_per_s_served": emitted / wall_s if emitted is not None and wall_s else None,
             "tokens_per_s_gpu": emitted / gpu_s if emitted is not None and gpu_s else None,
@@ -143,6 +163,13 @@ class IntervalStats:
         record["syncs"] = self.syncs
         record["unfinished_at_exit"] = self.unfinished
         return finite(record)
+
+
+def _prefill(series):
+    if not series.count:
+        return None
+    figures = series.summary()
+    return {"mean": figures["mean"], "p50": figures["p50"], "p90": figures["p90"], "timed": figures["n"]}
 
 
 def bound(gpu_busy) -> str | None:
@@ -195,7 +222,8 @@ def format_line(record: dict) -> str:
     for name in REPORTED:
         p = record["phases_ms"][name]
         share = "n/a" if p["share"] is None else f"{p['share'] * 100:.1f}%"
-        parts.append(f"{name} mean={_num(p['mean'])} p50={_num(p['p50'])} p90={_num(p['p90'])} ms share={share}")
+        parts.append(f"{name} n={p['n']} mean={_num(p['mean'])} p50={_num(p['p50'])} p90={_num(p['p90'])} ms"
+                     f" share={share}")
     parts.append(f"accept_len={_num(record['accept_length'], 2)}"
                  f" {'exact' if record['accept_length_exact'] else 'sampled'}"
                  f" tokens={record['tokens']} requests={record['decode_requests']}"
@@ -204,7 +232,8 @@ def format_line(record: dict) -> str:
     parts.append(f"served_tokens/s={_num(record['tokens_per_s_served'], 1)}"
                  f" gpu_tokens/s={_num(record['tokens_per_s_gpu'], 1)}"
                  f" per_request={_num(record['tokens_per_s_per_request'], 1)} wall={_num(record['wall_s'])} s")
-    parts.append(f"wall_cycle={_num(record['wall_cycle_ms'])} ms GPU busy "
+    parts.append(f"wall_cycle={_num(record['wall_cycle_ms'])} ms timed_wall_cycle={_num(record['timed_wall_cycle_ms'])}"
+                 " ms GPU busy "
                  + ("n/a" if busy is None else f"{busy * 100:.0f}%: {record['bound']}"))
     host, share = record.get("profiler_host_us_per_cycle"), record.get("profiler_host_share")
     parts.append(f"profiler host={_num(host, 1)} us/cycle"
