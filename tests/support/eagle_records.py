@@ -2,6 +2,8 @@
 statistics, a GPU timeline the test advances, and a worker / scheduler shaped like SGLang's."""
 from __future__ import annotations
 
+import functools
+import sys
 import types
 
 from sglang_pcie.runtime import eagle_profiler as ep
@@ -273,3 +275,35 @@ def run_overlap_scheduler(stream, worker, cycles, host_ms):
             stream.wait_until(previous_done)
         stream.host_ms += host_ms
         previous_done = done
+
+
+# ------------------------------------------------------------------------- a deterministic host clock
+
+
+class OpcodeClock:
+    """A host clock that advances one tick per bytecode instruction executed (``sys.settrace`` with opcode events)
+    while it runs (``with clock:``): an A/B of the same loop with and without the profiler then measures what the
+    profiler adds, instruction for instruction, on any machine, however loaded.  ``now`` stands in for the
+    profiler's ``perf_counter_ns``."""
+
+    def __init__(self):
+        self.ticks = 0
+        self.now = functools.partial(getattr, self, "ticks")  # a C call, as perf_counter_ns is: one instruction
+
+    def charge(self, ticks):
+        """Make the current instruction cost ``ticks`` more (an expensive C call, such as recording a CUDA event)."""
+        self.ticks += ticks
+
+    def _trace(self, frame, event, arg):
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            self.ticks += 1
+        return self._trace
+
+    def __enter__(self):
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)

@@ -19,11 +19,15 @@ What it costs, and why the figures stay honest:
 
 * **Counted every cycle, timed on a sample.**  Every cycle is classified (decode / prefill / idle) and counted, and
   the wall-clock time between consecutive decode cycles is taken from the host clock: a few attribute reads and one
-  ``perf_counter_ns``.  Only about one decode cycle in ``sample_every`` (random gaps, so no period of the workload
-  aliases with it) gets GPU timers.  ``sample_every`` starts at ``SAMPLE_START`` and, after each interval, is set so
-  that the profiler's own host time stays near ``HOST_BUDGET`` of the wall-clock cycle (at most ``SAMPLE_MAX``).
+  ``perf_counter_ns``.  One decode cycle in each block of ``sample_every`` (at a random place in the block, so no
+  period of the workload aliases with it) gets GPU timers.  After each interval ``sample_every`` is set so that the
+  profiler's own host time stays near ``HOST_BUDGET`` of the wall-clock cycle (at most ``SAMPLE_MAX``), but never
+  so that a full interval has fewer than ``TIMED_PER_INTERVAL`` timed decode cycles: its percentiles need them.
   Phase means and percentiles are therefore over the timed cycles (the record says how many); the counts, the
   tokens, the accept length and the wall-clock figures are over every cycle.
+* **GPU busy over the same cycles.**  A timed decode cycle's wall time runs from its start to the next decode
+  cycle's start, marked on the same clock and stream as its GPU time, so GPU busy (GPU time over that wall time,
+  summed over the timed cycles) cannot pass 100% and ``phases <= cycle <= wall cycle`` holds for each record.
 * **Accept length exact, without a kernel.**  SGLang itself copies each v2 cycle's ``accept_lens`` into pinned host
   memory right after the cycle (``copy_to_cpu``, on its copy stream, with a ``copy_done`` event).  The profiler picks
   up that host copy at the start of the next cycle and sums ``TOKEN_BATCH`` of them at once (one concatenation, one
@@ -41,8 +45,10 @@ What it costs, and why the figures stay honest:
   once, for a batch (counted as ``syncs``).
 * **Bounded memory.**  The ring has ``DRAIN_BATCH + DRAIN_LAG + 1`` slots; per interval at most ``RESERVOIR``
   samples per phase; the last 16 records.
-* **Own host time measured.**  ``time.perf_counter_ns`` around every hook; each record gives the profiler's host
-  time per cycle and its share of the wall time.
+* **Own host time measured.**  ``time.perf_counter_ns`` around every hook, plus what the clock reads cannot see:
+  the wrapper frames (per cycle, per phase call) and each hook's entry and exit, measured once per process by
+  ``calibrate`` and charged per call.  Each record gives the profiler's host time per cycle and its share of the
+  wall time; an A/B of the same loop with and without the profiler gives the same figure (docs/eagle3-profile.md).
 * **Nothing lost at exit.**  The process's profiler flushes its last partial interval at interpreter exit
   (``atexit``: normal exit, ``sys.exit``, Ctrl-C) and on SIGTERM (a handler that flushes, then lets the signal do
   what it did before).  At exit it reads only what the GPU has finished; it never waits for it.  SIGKILL (SGLang's
@@ -62,12 +68,14 @@ import functools
 import logging
 
 from sglang_pcie.runtime.eagle_profiler.clocks import CudaClock, HostClock, default_clock
+from sglang_pcie.runtime.eagle_profiler import profiler as profiler_module
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, process_start_time, run_identity
-from sglang_pcie.runtime.eagle_profiler.profiler import (DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET, MAX_SPANS, NEXT_MARK,
-                                                         READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL,
-                                                         Profiler, cycle_kind)
+from sglang_pcie.runtime.eagle_profiler.profiler import (DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET, READ_PER_CALL,
+                                                         SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL, Profiler,
+                                                         cycle_kind)
 from sglang_pcie.runtime.eagle_profiler.prometheus import ACCEPT_BUCKETS, PHASE_BUCKETS, PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, tp_rank, worker_ranks
+from sglang_pcie.runtime.eagle_profiler.slots import MAX_SPANS, NEXT_MARK, Slot
 from sglang_pcie.runtime.eagle_profiler.records import (CYCLE, DECODE, HOST_BOUND_BELOW, IDLE, LOG_PREFIX, PHASES,
                                                         PREFILL, QUANTILE_MIN, REPORTED, RESERVOIR, SCHEMA,
                                                         SCHEMA_FAMILY, SCHEMA_MAJOR, IntervalStats, Series, bound,
@@ -80,7 +88,7 @@ __all__ = [
     "PATCH_ID", "disabled_reason", "profile_phase", "wrap", "get_profiler", "set_profiler", "flag_untimed_workers",
     # profiler
     "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL", "SAMPLE_MAX",
-    "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind",
+    "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind", "Slot",
     # clocks, tokens, process, ranks, prometheus
     "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter",
     "install_exit_flush", "process_start_time", "run_identity", "metrics_enabled", "model_name", "tp_rank",
@@ -119,16 +127,20 @@ def _identity(function):
 
 
 def wrap(function, phase: str):
-    """``function`` (a worker method) timed as ``phase`` ("cycle" or one of ``PHASES``)."""
+    """``function`` (a worker method) timed as ``phase`` ("cycle" or one of ``PHASES``).
+
+    The wrappers take ``*args`` whole (the worker first) and hand them on unchanged: one frame and no tuple built
+    per call.  What they cost outside the profiler's own timed spans (their frames, the checks below, handing the
+    call on) is measured once by ``calibrate`` and charged per call (see the package docstring)."""
     if phase == CYCLE:
         @functools.wraps(function)
-        def timed_cycle(self, *args, **kwargs):
+        def timed_cycle(*args, **kwargs):
             profiler = _PROFILER or get_profiler()
-            token = profiler.begin_cycle(self, function, args, kwargs) if profiler.active else None
+            token = profiler.begin_cycle(function, args, kwargs) if profiler.active else None
             if token is None:
-                return function(self, *args, **kwargs)
+                return function(*args, **kwargs)
             try:
-                result = function(self, *args, **kwargs)
+                result = function(*args, **kwargs)
             except BaseException:
                 profiler.abort_cycle(token)
                 raise
@@ -137,15 +149,18 @@ def wrap(function, phase: str):
         wrapper = timed_cycle
     elif phase in PHASES:
         @functools.wraps(function)
-        def timed_phase(self, *args, **kwargs):
+        def timed_phase(*args, **kwargs):
             profiler = _PROFILER
-            if profiler is None or profiler._current is None:  # not a timed cycle: nothing to do
-                return function(self, *args, **kwargs)
+            if profiler is None:
+                return function(*args, **kwargs)
+            profiler.phase_calls += 1  # each call is charged the calibrated cost of this frame
+            if profiler._current is None:  # not a timed cycle: nothing more to do
+                return function(*args, **kwargs)
             span = profiler.begin_phase(phase)
             if span is None:
-                return function(self, *args, **kwargs)
+                return function(*args, **kwargs)
             try:
-                return function(self, *args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 profiler.end_phase(span)
         wrapper = timed_phase
@@ -153,6 +168,51 @@ def wrap(function, phase: str):
         raise ValueError(f"unknown EAGLE phase {phase!r}; expected {CYCLE!r} or one of {', '.join(PHASES)}")
     wrapper.sglang_pcie_phase = phase
     return mark(wrapper, PATCH_ID)
+
+
+# ----------------------------------------------------------------------------- the wrappers' own host time
+
+CALIBRATION_ROUNDS = 15  # the fastest of these rounds counts (a loaded host only slows a round down)
+CALIBRATION_CALLS = 100  # calls per round and kind: well under 1 ms in all on a server CPU, once per process
+
+
+def _calibration_target(*args, **kwargs):
+    return None
+
+
+def calibrate(profiler: "Profiler") -> None:
+    """Measure what the profiler's frames cost outside its timed spans, so that it can charge them: the fastest of
+    CALIBRATION_ROUNDS rounds, each CALIBRATION_CALLS calls of
+    * the cycle wrapper around a function that does nothing, past an inactive profiler (its frame, the look-up and
+      the check, handing the call on), against calling that function directly: charged per cycle;
+    * a phase wrapper around it on an untimed cycle (its frame, the checks, the call count, handing the call on):
+      charged per phase call;
+    * an empty hook of the Profiler (``_hook_probe``), less what its own clock reads see, against an empty loop:
+      entering and leaving a hook, charged per hook call.
+    Run where the profiler becomes the process's, before its first cycle."""
+    clock = profiler_module  # its _now, looked up at each call: the clock the profiler's spans use
+    cycle, phase, probe = wrap(_calibration_target, CYCLE), wrap(_calibration_target, PHASES[0]), profiler._hook_probe
+    loops = {"empty": None, "direct": _calibration_target, "cycle": cycle, "phase": phase, "probe": probe}
+    saved = profiler.active, profiler.phase_calls, profiler._current
+    profiler.active, profiler._current = False, None  # the wrappers take their untimed ways
+    best = dict.fromkeys(loops, float("inf"))
+    try:
+        for _ in range(CALIBRATION_ROUNDS):
+            for name, function in loops.items():
+                profiler._probe_ns = 0
+                start = clock._now()
+                if function is None:
+                    for _ in range(CALIBRATION_CALLS):
+                        pass
+                else:
+                    for _ in range(CALIBRATION_CALLS):
+                        function(profiler, None)
+                best[name] = min(best[name], clock._now() - start - profiler._probe_ns)
+    finally:
+        profiler.active, profiler.phase_calls, profiler._current = saved
+    profiler.cycle_glue_ns = max(0.0, (best["cycle"] - best["direct"]) / CALIBRATION_CALLS)
+    profiler.phase_glue_ns = max(0.0, (best["phase"] - best["direct"]) / CALIBRATION_CALLS)
+    profiler.hook_glue_ns = max(0.0, (best["probe"] - best["empty"]) / CALIBRATION_CALLS)
 
 
 _PROFILER: "Profiler | None" = None  # one per process: SGLang runs one EAGLE worker per scheduler process
@@ -168,6 +228,7 @@ def get_profiler() -> "Profiler":
         _PROFILER = Profiler(interval=settings.eagle3_profile_interval,
                              baseline_ms=settings.eagle3_profile_baseline_ms,
                              path=settings.eagle3_profile_file, exit_flush=True)
+        calibrate(_PROFILER)
     return _PROFILER
 
 
@@ -175,6 +236,8 @@ def set_profiler(profiler: "Profiler | None") -> None:
     """Replace the process's profiler (tests, benchmarks); None: made again from the environment when next needed."""
     global _PROFILER
     _PROFILER = profiler
+    if profiler is not None:
+        calibrate(profiler)
 
 
 # ---------------------------------------------------------------------- EAGLE-family workers that are not timed

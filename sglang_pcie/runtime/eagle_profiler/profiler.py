@@ -15,13 +15,12 @@ from sglang_pcie.runtime.eagle_profiler.prometheus import PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, worker_ranks
 from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,
                                                         format_line, to_json)
+from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MARKS_PER_SLOT, NEXT_MARK, Slot
 from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
 
 DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread
 DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finished it
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
-MAX_SPANS = 6  # phase calls timed per cycle (pipeline-parallel tail drafting calls draft twice)
-NEXT_MARK = 2 + 2 * MAX_SPANS  # a timed decode cycle's last mark: the next decode cycle's start (its wall time)
 SAMPLE_START = 16  # about one decode cycle in this many is timed in the first interval
 SAMPLE_MAX = 64
 TIMED_PER_INTERVAL = 24  # the floor: sampling never leaves fewer timed decode cycles per full interval (QUANTILE_MIN
@@ -68,6 +67,11 @@ class Profiler:
         self._last_decode_start = None  # perf_counter_ns at the start of the previous cycle, if it was a decode cycle
         self.tokens = TokenCounter()
         self._host_ns = self._host_timed_ns = 0  # the profiler's own host time in the open interval (see _close)
+        self._host_ns_closed = 0  # ... in the intervals closed so far
+        self.phase_calls = 0  # calls of the phase wrappers in the open interval (they count themselves)
+        # what the wrappers and the hooks cost outside the hooks' timed spans, per call (measured by calibrate)
+        self.cycle_glue_ns = self.phase_glue_ns = self.hook_glue_ns = 0.0
+        self._probe_ns = 0
         self.stats = IntervalStats()
         self._closing = deque()  # intervals complete in count, waiting for their timed cycles / tokens
         self.records = deque(maxlen=16)  # the last intervals' records, for inspection
@@ -97,8 +101,7 @@ class Profiler:
         capacity = self.drain_batch + self.drain_lag + 1
         if self._clock is None:
             self._clock = default_clock(capacity)
-        marks_per_cycle = NEXT_MARK + 1
-        self._slots = [_Slot(i, self._clock.new_marks(marks_per_cycle)) for i in range(capacity)]
+        self._slots = [Slot(i, self._clock.new_marks(MARKS_PER_SLOT)) for i in range(capacity)]
         self._free = list(reversed(self._slots))
         run_id, started = run_identity()
         self.meta = {"run_id": run_id, "run_started": started, "pid": os.getpid(),
@@ -113,15 +116,16 @@ class Profiler:
 
     # -- the hot path: called by the wrappers.  A profiler error stops profiling, never the worker.
 
-    def begin_cycle(self, worker, function, args, kwargs):
-        """None (run the worker's method untouched), the cycle's kind, or a slot when the cycle is timed."""
+    def begin_cycle(self, function, args, kwargs):
+        """None (run the worker's method untouched), the cycle's kind, or a slot when the cycle is timed.  ``args``:
+        the wrapped method's, the worker first."""
         start = _now()
         timed = False
         try:
             if self._in_cycle:
                 return None  # nested call: a subclass calling super()
             if not self._bound:
-                self._bind(worker, function)
+                self._bind(args[0], function)
                 if not self.active:
                     return None
             owner = self._wall_owner
@@ -130,7 +134,7 @@ class Profiler:
                 self._wall_owner = None
                 if self._closing and self._closing[0].outstanding <= 0:
                     self._report_closed()
-            kind = cycle_kind(args[0] if args else kwargs.get("batch", kwargs.get("model_worker_batch")))
+            kind = cycle_kind(args[1] if len(args) > 1 else kwargs.get("batch", kwargs.get("model_worker_batch")))
             self._cycle_no += 1
             if self.tokens.stash is not None:  # before this cycle allocates: the previous result is not kept alive
                 self.tokens.collect_stash()
@@ -150,8 +154,8 @@ class Profiler:
             self._fail(exc)
             return None
         finally:
-            spent = _now() - start
-            self._host_ns += spent
+            spent = _now() - start + self.hook_glue_ns
+            self._host_ns += spent + self.cycle_glue_ns
             if timed:
                 self._host_timed_ns += spent
 
@@ -192,7 +196,7 @@ class Profiler:
         slot = self._free.pop()
         slot.reset(kind, stats, self._cycle_no, self._block)
         stats.outstanding += 1
-        self._clock.record(slot.marks, 0)
+        self._clock.record(slot.marks, CYCLE_START)
         self._current = slot
         return slot
 
@@ -216,11 +220,11 @@ class Profiler:
         timed_ns = 0
         try:
             self._in_cycle = False
-            slot = token if isinstance(token, _Slot) else None
+            slot = token if isinstance(token, Slot) else None
             kind = slot.kind if slot is not None else token
             stats = self.stats
             if slot is not None:
-                self._clock.record(slot.marks, 1)
+                self._clock.record(slot.marks, CYCLE_END)
                 self._current = None
             if kind == DECODE:
                 stats.decode_cycles += 1
@@ -252,12 +256,12 @@ class Profiler:
         except Exception as exc:
             self._fail(exc)
         finally:
-            self._host_ns += _now() - start
+            self._host_ns += _now() - start + self.hook_glue_ns
             self._host_timed_ns += timed_ns
 
     def abort_cycle(self, token):
         self._in_cycle = False
-        if isinstance(token, _Slot):
+        if isinstance(token, Slot):
             self._current = None
             token.stats.outstanding -= 1
             self._free.append(token)
@@ -266,18 +270,16 @@ class Profiler:
         start = _now()
         slot = self._current
         try:
-            if slot.kind != DECODE or phase in slot.open_phases or len(slot.spans) >= MAX_SPANS:
+            marks = slot.open_span(phase) if slot.kind == DECODE else None
+            if marks is None:
                 return None
-            index = 2 + 2 * len(slot.spans)
-            slot.spans.append((phase, index, index + 1))
-            slot.open_phases.add(phase)
-            self._clock.record(slot.marks, index)
-            return slot, phase, index + 1
+            self._clock.record(slot.marks, marks[0])
+            return slot, phase, marks[1]
         except Exception as exc:
             self._fail(exc)
             return None
         finally:
-            spent = _now() - start
+            spent = _now() - start + self.hook_glue_ns
             self._host_ns += spent
             self._host_timed_ns += spent
 
@@ -290,9 +292,18 @@ class Profiler:
         except Exception as exc:
             self._fail(exc)
         finally:
-            spent = _now() - start
+            spent = _now() - start + self.hook_glue_ns
             self._host_ns += spent
             self._host_timed_ns += spent
+
+    def _hook_probe(self, first, second):
+        """A hook's shape with nothing in it: ``calibrate`` times its calls to learn what entering and leaving a
+        hook costs beyond what the hook's own clock reads see."""
+        start = _now()
+        try:
+            return None
+        finally:
+            self._probe_ns += _now() - start
 
     def _fail(self, exc):
         self.active = False
@@ -313,7 +324,7 @@ class Profiler:
             slot = pending[0]
             if slot is self._awaiting_next:
                 return read  # its wall time ends with the next cycle's start
-            for mark_index in _end_marks(slot):
+            for mark_index in slot.end_marks():
                 if not clock.is_done(slot.marks, mark_index):
                     return read  # the GPU is behind: read it after a later cycle, or in a batch
             pending.popleft()
@@ -332,9 +343,9 @@ class Profiler:
             batch.append(pending.popleft())
         finished = []
         for slot in reversed(batch):  # newest first: once it is done, the older ones on its stream are too
-            done = all(self._clock.is_done(slot.marks, i) for i in _end_marks(slot))
+            done = all(self._clock.is_done(slot.marks, i) for i in slot.end_marks())
             if not done and wait:
-                for mark_index in _end_marks(slot):
+                for mark_index in slot.end_marks():
                     if not self._clock.is_done(slot.marks, mark_index):
                         self._clock.wait(slot.marks, mark_index)
                         slot.stats.syncs += 1
@@ -354,17 +365,14 @@ class Profiler:
     def _take(self, slot):
         clock, stats = self._clock, slot.stats
         stats.outstanding -= 1
-        cycle_ms = clock.elapsed_ms(slot.marks, 0, 1)
+        cycle_ms, phase_ms, wall_ms = slot.times(clock)
         if slot.kind == PREFILL:
             stats.add_prefill(cycle_ms)
             if self.metrics:
                 self._export(self.metrics.observe_phase, "prefill", cycle_ms)
             return
-        phase_ms = {}
-        for phase, start, end in slot.spans:
-            phase_ms[phase] = phase_ms.get(phase, 0.0) + clock.elapsed_ms(slot.marks, start, end)
-        if slot.has_next:
-            stats.add_timed(phase_ms, cycle_ms, clock.elapsed_ms(slot.marks, 0, NEXT_MARK))
+        if wall_ms is not None:
+            stats.add_timed(phase_ms, cycle_ms, wall_ms)
         else:  # a prefill, an idle cycle or the end followed it: no wall time of its own
             stats.add_timed_without_wall()
         if self.metrics:
@@ -393,8 +401,9 @@ class Profiler:
         stats.partial = partial
         stats.sample_every = self.sample_every
         # the profiler's host time from the interval's opening to its close (its late reads fall in the next one)
-        stats.host_ns, stats.host_timed_ns = self._host_ns, self._host_timed_ns
-        self._host_ns = self._host_timed_ns = 0
+        stats.host_ns, stats.host_timed_ns = self.open_host_ns(), self._host_timed_ns
+        self._host_ns_closed += stats.host_ns
+        self._host_ns = self._host_timed_ns = self.phase_calls = 0
         self._closing.append(stats)
         if stats is self.stats:
             self.stats = IntervalStats()
@@ -415,6 +424,14 @@ class Profiler:
         spare = HOST_BUDGET * stats.wall_cycle_ns / stats.wall_cycles - per_cycle
         every = SAMPLE_MAX if spare <= 0 else math.ceil(per_timed / spare)
         self.sample_every = max(1, min(SAMPLE_MAX, self._sample_floor(), every))
+
+    def open_host_ns(self) -> float:
+        """The profiler's host time in the open interval: its timed spans and the wrappers' calibrated cost."""
+        return self._host_ns + self.phase_calls * self.phase_glue_ns
+
+    def host_ns_so_far(self) -> float:
+        """The profiler's host time since it was made (tests, benchmarks)."""
+        return self._host_ns_closed + self.open_host_ns()
 
     def _report_closed(self):
         while self._closing and self._closing[0].outstanding <= 0:
@@ -460,37 +477,6 @@ class Profiler:
             stats.outstanding = 0
         self._report_closed()
         return self.records[-1] if len(self.records) > before else None
-
-
-class _Slot:
-    """One timed cycle's marks: 0/1 bracket the cycle, then one pair per phase call, and NEXT_MARK at the next
-    decode cycle's start."""
-
-    __slots__ = ("index", "marks", "spans", "kind", "open_phases", "stats", "cycle_no", "block", "has_next",
-                 "batch_size", "staged")
-
-    def __init__(self, index, marks):
-        self.index = index
-        self.marks = marks
-        self.spans = []  # (phase, start mark, end mark)
-        self.open_phases = set()
-
-    def reset(self, kind, stats, cycle_no, block):
-        self.kind = kind
-        self.stats = stats  # the interval the cycle began in: its figures go there, whenever they are read
-        self.cycle_no = cycle_no
-        self.block = block
-        self.has_next = False
-        self.spans.clear()
-        self.open_phases.clear()
-        self.batch_size = None
-        self.staged = NO_TOKENS
-
-
-def _end_marks(slot):
-    """The marks recorded last in a slot, newest first (on one stream, once the first is done so are the others):
-    the next cycle's start, the cycle's end, then each phase's (a phase may run on another stream)."""
-    return ([NEXT_MARK] if slot.has_next else []) + [1] + [end for _, _, end in slot.spans]
 
 
 def cycle_kind(batch) -> str:

@@ -1,4 +1,5 @@
-"""benchmarks/eagle3_profile_overhead.py, run on the host only (no GPU): its logic and the token invariants."""
+"""The profiler's benchmarks run on the host only (no GPU): eagle3_profile_overhead.py --dry-run (its logic, the
+invariants of every record, the token paths) and eagle3_profile_host_time.py (the A/B's bookkeeping)."""
 from __future__ import annotations
 
 import json
@@ -9,15 +10,31 @@ from support import REPO
 
 
 def test_the_overhead_benchmark_dry_run_still_runs(tmp_path):
-    """benchmarks/eagle3_profile_overhead.py on the host only: its logic and the token invariants (no GPU)."""
     out = tmp_path / "overhead.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_overhead.py"), "--dry-run",
-                           "--cycles", "40", "--warmup", "5", "--repeats", "1", "--out", str(out)],
+                           "--cycles", "250", "--warmup", "5", "--repeats", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert set(report["modes"]) == {"off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised"}
-    checks = {c["name"]: c["ok"] for c in report["invariants"]}
-    assert checks["eagle3-profile: accept length exact (scheduler host copy)"] is True
-    assert checks["eagle3-profile-every-cycle: accept length sampled (own pinned copy)"] is True
-    assert all(ok is not False for ok in checks.values()), checks
+    assert set(report["regimes"]) == {"gpu-bound", "host-bound"}
+    for regime in report["regimes"].values():
+        assert set(regime["modes"]) == {"off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised"}
+        checks = {c["name"]: c["ok"] for c in regime["invariants"]}
+        assert checks["eagle3-profile: accept length exact (scheduler host copy)"] is True
+        assert checks["eagle3-profile-every-cycle: accept length sampled (own pinned copy)"] is True
+        assert checks[f"eagle3-profile: every full interval has {20} timed cycles with a wall time (p50/p90 given)"]
+        assert all(ok for name, ok in checks.items() if "phases <= cycle <= wall cycle" in name)
+        assert all(ok is not False for ok in checks.values()), checks
+
+
+def test_the_host_time_benchmark_runs(tmp_path):
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_host_time.py"), "--cycles", "50",
+                           "--rounds", "3", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert set(results["samplings"]) == {"as shipped", "every cycle timed"}
+    for sampling in results["samplings"].values():
+        assert len(sampling["rounds"]["a_us"]) == len(sampling["rounds"]["b_us"]) == 3
+        assert sampling["added_us"] > 0 and sampling["reported_us"] > 0
+    assert "reported" in proc.stdout and "added" in proc.stdout
