@@ -11,7 +11,8 @@ Means are exact over the timed cycles (each interval weighted by its timed cycle
 cycles are not kept across intervals, so the table's p50/p90 are the weighted means of the percentiles of the
 intervals that give them (those with enough timed cycles), with the count of cycles behind them.  GPU busy is the
 timed cycles' GPU time over the same cycles' wall time (schema 3; older records: over every cycle's wall time).  A
-record that is malformed or has a newer schema major is skipped with one line naming it.
+record that is malformed, has a newer schema major or holds impossible times (``impossible``) is skipped with one
+line naming it.
 """
 from __future__ import annotations
 
@@ -188,7 +189,47 @@ def normalise(record: dict) -> dict:
     for entry in phases.values():  # before schema 3, every phase's figures are over the interval's timed cycles
         if entry["n"] is None:
             entry["n"] = out["timed_cycles"]
+    reason = impossible(out)
+    if reason:
+        raise Malformed(f"impossible: {reason}")
     return out
+
+
+# A record's times are rounded (log lines: to the microsecond): an inequality the profiler keeps exactly is broken
+# only beyond this slack.
+SLACK_MS = 0.002
+SLACK_SHARE = 0.02
+
+
+def _above(value, bound):
+    return value > bound * (1 + SLACK_SHARE) + SLACK_MS
+
+
+def impossible(record: dict) -> str | None:
+    """Why a (normalised) record cannot be a measurement, or None: a negative time, percentiles out of order, phases
+    summing above the cycle, a cycle above its own wall time (schema 3), more timed cycles than cycles, fewer tokens
+    than requests (each request emits at least one token per cycle)."""
+    for name, entry in record["phases_ms"].items():
+        for key in ("mean", "p50", "p90"):
+            if entry[key] is not None and entry[key] < 0:
+                return f"phases_ms.{name}.{key} = {entry[key]} ms is negative"
+        if entry["p50"] is not None and entry["p90"] is not None and _above(entry["p50"], entry["p90"]):
+            return f"phases_ms.{name}: p50 {entry['p50']} ms above p90 {entry['p90']} ms"
+    for key in ("wall_s", "wall_cycle_ms", "timed_wall_cycle_ms", "profiler_host_us_per_cycle", "baseline_ms"):
+        if record[key] is not None and record[key] < 0:
+            return f"{key} = {record[key]} is negative"
+    cycle = record["phases_ms"]["cycle"]["mean"]
+    parts = [record["phases_ms"][p]["mean"] for p in PHASES if record["phases_ms"].get(p, {}).get("mean") is not None]
+    if cycle is not None and parts and _above(sum(parts), cycle):
+        return f"phases sum to {sum(parts):.3f} ms, above the {cycle:.3f} ms cycle they ran in"
+    wall = record["timed_wall_cycle_ms"]
+    if cycle is not None and wall is not None and _above(cycle, wall):
+        return f"the {cycle:.3f} ms cycle is longer than its own {wall:.3f} ms wall time"
+    if record["timed_cycles"] > record["decode_cycles"]:
+        return f"{record['timed_cycles']} timed cycles of {record['decode_cycles']}"
+    if record["tokens"] < record["decode_requests"]:
+        return f"{record['tokens']} tokens for {record['decode_requests']} request-cycles (at least one each)"
+    return None
 
 
 def read_records(lines, skipped: list | None = None) -> list[dict]:

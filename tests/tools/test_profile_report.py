@@ -175,6 +175,67 @@ def test_a_malformed_or_newer_record_is_named_in_one_line_and_skipped(tmp_path, 
     assert len(err) == profile_report.MAX_SKIP_LINES + 2 and "skipped 8 more records" in err[-2]
 
 
+def _good(cycle_ms=2.91, timed=20):
+    return _interval(cycle_ms, cycle_ms - 1.5, 2, 200, timed=timed, wall_cycle_ms=4.7)
+
+
+def _altered(path, value):
+    record = json.loads(ep.to_json(_good()))
+    *parents, key = path.split(".")
+    holder = record
+    for parent in parents:
+        holder = holder[parent]
+    holder[key] = value
+    return json.dumps(record)
+
+
+IMPOSSIBLE = [  # one field of a good record (cycle 2.91 ms, verify 1.41, draft 1.0, re-extend 0.25) made impossible
+    ("phases_ms.cycle.mean", -1.94, "phases_ms.cycle.mean = -1.94 ms is negative"),
+    ("phases_ms.verify.p90", -0.5, "phases_ms.verify.p90 = -0.5 ms is negative"),
+    ("phases_ms.cycle.p50", 5.0, "phases_ms.cycle: p50 5.0 ms above p90 2.91 ms"),
+    ("phases_ms.verify.mean", 9.0, "phases sum to 10.250 ms, above the 2.910 ms cycle they ran in"),
+    ("timed_wall_cycle_ms", 1.5, "the 2.910 ms cycle is longer than its own 1.500 ms wall time"),
+    ("wall_cycle_ms", -4.7, "wall_cycle_ms = -4.7 is negative"),
+    ("wall_s", -0.9, "wall_s = -0.9 is negative"),
+    ("profiler_host_us_per_cycle", -3.0, "profiler_host_us_per_cycle = -3.0 is negative"),
+    ("timed_cycles", 201, "201 timed cycles of 200"),
+    ("tokens", 100, "100 tokens for 200 request-cycles"),
+]
+
+
+def test_records_with_impossible_times_are_skipped_and_named(tmp_path, capsys):
+    """Issue: a record with a negative cycle time was summed in: the run's cycle mean came out 1.94 ms instead of
+    2.91.  Each record below breaks one thing a measurement cannot; each is skipped with one line naming it."""
+    path = tmp_path / "run.jsonl"
+    lines = [ep.to_json(_good()), ep.to_json(_good())] + [_altered(p, v) for p, v, _ in IMPOSSIBLE]
+    lines.append(_altered("phases_ms.cycle.mean", float("nan")))  # NaN: Python's JSON reads it
+    lines.append(ep.format_line(_good()).replace("cycle n=20 mean=2.910", "cycle n=20 mean=-1.940"))
+    path.write_text("\n".join(lines) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["intervals"] == 2 and summary["phases_ms"]["cycle"]["mean"] == pytest.approx(2.91)
+    err = captured.err.splitlines()
+    reasons = [reason for _, _, reason in IMPOSSIBLE] + ["mean=nan is not a number", "is negative"]
+    assert len(err) == profile_report.MAX_SKIP_LINES + 1 and "skipped 2 more records" in err[-1]
+    for number, (line, reason) in enumerate(zip(err[:-1], reasons), 3):
+        assert f"skipped {path}:{number}: " in line and reason in line, (line, reason)
+
+
+def test_the_issues_run_cycle_mean_2_91_not_1_94(tmp_path, capsys, monkeypatch):
+    """Two intervals of 20 timed cycles at 2.91 ms and one of 10 whose cycle mean came out -1.94 ms: summed in, the
+    run's mean cycle would be 1.94 ms (as the issue saw; shown with the check removed); skipped, it is 2.91."""
+    path = tmp_path / "run.jsonl"
+    bad = json.loads(_altered("phases_ms.cycle.mean", -1.94))
+    bad["phases_ms"]["cycle"]["n"] = 10
+    path.write_text("\n".join([ep.to_json(_good()), ep.to_json(_good()), json.dumps(bad)]) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(2.91)
+    monkeypatch.setattr(profile_report, "impossible", lambda record: None)
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(1.94)
+
+
 def test_report_bad_input(tmp_path, capsys):
     assert cli_main(["profile-report", str(tmp_path / "missing.log")]) == 2
     assert "missing.log" in capsys.readouterr().err
