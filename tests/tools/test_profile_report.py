@@ -175,6 +175,52 @@ def test_a_malformed_or_newer_record_is_named_in_one_line_and_skipped(tmp_path, 
     assert len(err) == profile_report.MAX_SKIP_LINES + 2 and "skipped 8 more records" in err[-2]
 
 
+def _counted(cycles, batch_size, tokens_per_cycle, known_cycles=None, wall_cycle_ms=10.0, cycle_ms=8.0):
+    """An interval of ``cycles`` decode cycles of ``batch_size`` requests each, 20 of them timed; the tokens of
+    ``known_cycles`` of them known (all by default: exact)."""
+    stats = interval_stats([(1.0, cycle_ms - 2.0, 0.5, cycle_ms)] * 20, decode_cycles=0,
+                           wall_cycle_ms=wall_cycle_ms)
+    known = cycles if known_cycles is None else known_cycles
+    for index in range(cycles):
+        stats.decode_cycles += 1
+        stats.requests_all += batch_size
+        if index < known:
+            stats.add_tokens(batch_size, tokens_per_cycle)
+    stats.wall_start, stats.wall_end = 0, int(cycles * wall_cycle_ms * 1e6)
+    stats.wall_cycle_ns, stats.wall_cycles = int((cycles - 1) * wall_cycle_ms * 1e6), cycles - 1
+    return stats.record(**META)
+
+
+def _summary(tmp_path, records):
+    path = tmp_path / "run.jsonl"
+    _write_run(path, records)
+    return profile_report.summarise(profile_report.read_records(path.read_text().splitlines()))
+
+
+def test_the_accept_length_is_over_every_request_cycle_not_a_mean_of_the_intervals(tmp_path):
+    """A decision pinned: the run's accept length is all tokens over all request-cycles, so a busy interval weighs
+    by its requests: 100 cycles of 1 request at 4 tokens and 100 of 9 requests at 2 tokens each give 2.2, not the
+    intervals' mean of 3.0."""
+    summary = _summary(tmp_path, [_counted(100, 1, 4), _counted(100, 9, 18)])
+    assert (summary["tokens"], summary["decode_requests"]) == (2200, 1000)
+    assert summary["accept_length"] == pytest.approx(2.2) and summary["accept_length_exact"]
+
+
+def test_an_inexact_interval_is_scaled_to_all_its_requests(tmp_path):
+    """A decision pinned: where only some cycles' tokens are known (no host copy from SGLang: the timed cycles count
+    their own), the accept length uses the known request-cycles only, and the served and GPU-time tokens/s scale
+    that interval's accept length to all its requests: 20 known cycles of 2 requests at 3 tokens each (accept 3.0)
+    stand for 100 x 2 requests, 600 tokens."""
+    exact, inexact = _counted(100, 2, 4), _counted(100, 2, 6, known_cycles=20)
+    assert not inexact["accept_length_exact"] and inexact["tokens_per_s_served"] == pytest.approx(600 / 1.0)
+    summary = _summary(tmp_path, [exact, inexact])
+    assert summary["accept_length"] == pytest.approx((400 + 120) / (200 + 40)) and not summary["accept_length_exact"]
+    assert (summary["tokens"], summary["decode_requests"], summary["requests_all"]) == (520, 240, 400)
+    assert summary["wall_s"] == pytest.approx(2.0)
+    assert summary["tokens_per_s_served"] == pytest.approx((400 + 600) / 2.0)  # not the 520 tokens counted
+    assert summary["tokens_per_s_gpu"] == pytest.approx((400 + 600) / (200 * 8.0 / 1e3))
+
+
 def _good(cycle_ms=2.91, timed=20):
     return _interval(cycle_ms, cycle_ms - 1.5, 2, 200, timed=timed, wall_cycle_ms=4.7)
 

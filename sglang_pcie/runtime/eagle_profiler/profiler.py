@@ -117,8 +117,8 @@ class Profiler:
     # -- the hot path: called by the wrappers.  A profiler error stops profiling, never the worker.
 
     def begin_cycle(self, function, args, kwargs):
-        """None (run the worker's method untouched), the cycle's kind, or a slot when the cycle is timed.  ``args``:
-        the wrapped method's, the worker first."""
+        """None (run the worker's method untouched), the cycle's kind (counted, not timed), or a slot when the cycle
+        is timed.  ``args``: the wrapped method's, the worker first."""
         start = _now()
         timed = False
         try:
@@ -140,12 +140,12 @@ class Profiler:
                 self.tokens.collect_stash()
             if self._awaiting_next is not None:
                 timed = self._end_timed_wall(kind)
+            self._in_cycle = True  # until end_cycle: a nested call (a subclass calling super()) is not a cycle
             if kind == IDLE:
                 self.stats.idle_cycles += 1
                 self._last_decode_start = None
-                return None
+                return IDLE
             self._count_start(kind, start)
-            self._in_cycle = True
             if not self._wants_timing(kind) or not self._free or self._clock.capturing():
                 return kind  # counted, not timed (and nothing recorded while a CUDA graph is being captured)
             timed = True
@@ -231,7 +231,7 @@ class Profiler:
                 stats.wall_end = start  # until the next cycle starts
                 self._wall_owner = stats
                 self.tokens.count(result, slot, stats, self._clock)
-            else:
+            elif kind == PREFILL:
                 stats.prefill_cycles += 1
             if slot is not None:
                 self._pending.append(slot)

@@ -193,6 +193,42 @@ def test_wall_time_tiles_back_to_back_intervals(profiler_factory, monkeypatch):
     assert profiler.records[0]["tokens_per_s_served"] == pytest.approx(18 / 0.0045)
 
 
+def test_the_wall_cycle_does_not_span_a_prefill_or_an_idle_cycle_but_the_wall_time_does(profiler_factory,
+                                                                                        monkeypatch):
+    """A decision pinned: the wall-clock decode cycle is the host time from a decode cycle's start to the next
+    one's, decode followed by decode only: a prefill (here 10 ms, after a 20 ms pause with no request) or an idle
+    cycle in between starts the chain again, so wall_cycle_ms stays the decode rhythm (1.5 ms).  The interval's
+    wall time (served tokens/s) counts everything, the gap included.  (The subclass's cycle calls the wrapped base
+    one, a nested call: every cycle, the idle one too, counts once.)"""
+    now = [0]
+    monkeypatch.setattr(profiler_module, "_now", lambda: now[0])
+    cost_ms = {"decode": 1.0, "extend": 10.0, "idle": 0.2}
+
+    class Timed(Worker):
+        def forward_batch_generation(self, batch):
+            now[0] += int(cost_ms[batch.forward_mode.name] * 1e6)
+            return super().forward_batch_generation(batch)
+
+    Timed.forward_batch_generation = ep.wrap(Timed.forward_batch_generation, "cycle")
+    profiler = profiler_factory(interval=100, clock=GpuTimeline())
+    worker = Timed()
+    for mode in ["decode"] * 3 + ["pause", "extend"] + ["decode"] * 3 + ["idle"] + ["decode"] * 2:
+        if mode == "pause":
+            now[0] += 20_000_000
+            continue
+        worker.forward_batch_generation(batch(mode))
+        profiler._clock.completed = profiler._clock.recorded
+        now[0] += 500_000
+    record = profiler.flush()
+    assert (record["decode_cycles"], record["prefill_cycles"], record["idle_cycles"]) == (8, 1, 1)
+    # decode -> decode gaps: 2 + 2 + 1 (the prefill and the idle cycle each break the chain), each 1.5 ms
+    assert record["wall_cycles"] == 5 and record["wall_cycle_ms"] == pytest.approx(1.5)
+    # from the first decode cycle's start to the last one's end: 8 decode, 1 prefill and 1 idle cycle, 9 host gaps
+    # of 0.5 ms, the 20 ms pause
+    assert record["wall_s"] == pytest.approx((8 * 1.0 + 10.0 + 0.2 + 9 * 0.5 + 20.0) / 1e3)
+    assert record["tokens_per_s_served"] == pytest.approx(8 * 6 / record["wall_s"])
+
+
 @pytest.mark.parametrize("field", ["accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu",
                                    "num_correct_drafts_per_req_cpu"])  # 0.5.8-0.5.10, 0.5.11, 0.5.12(.post1)
 def test_v1_accepted_drafts_are_counted_under_each_releases_field_name(field):
