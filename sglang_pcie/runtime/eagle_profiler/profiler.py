@@ -21,7 +21,7 @@ from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, To
 DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread
 DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finished it
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
-SAMPLE_START = 16  # about one decode cycle in this many is timed in the first interval
+SAMPLE_START = 16  # one decode cycle in this many is timed in the first interval (within the floor below)
 SAMPLE_MAX = 64
 TIMED_PER_INTERVAL = 24  # the floor: sampling never leaves fewer timed decode cycles per full interval (QUANTILE_MIN
 # of them give its percentiles; the margin covers timed cycles a prefill follows, which are dropped)
