@@ -8,8 +8,11 @@ GPU was, the profiler's own host time and, with a baseline (from the run or --ba
 length and the projected speedup.
 
 Means are exact over the timed cycles (each interval weighted by its timed cycles); the percentiles of single
-cycles are not kept across intervals, so the table's p50/p90 are the weighted means of the intervals'
-percentiles.  A record that is malformed or has a newer schema major is skipped with one line naming it.
+cycles are not kept across intervals, so the table's p50/p90 are the weighted means of the percentiles of the
+intervals that give them (those with enough timed cycles), with the count of cycles behind them.  GPU busy is the
+timed cycles' GPU time over the same cycles' wall time (schema 3; older records: over every cycle's wall time).  A
+record that is malformed, has a newer schema major or holds impossible times (``impossible``) is skipped with one
+line naming it.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import math
 import re
 import sys
 
-from sglang_pcie.runtime.eagle_profiler import (LOG_PREFIX, PHASES, REPORTED, SCHEMA_FAMILY, SCHEMA_MAJOR, bound,
-                                                finite, projection)
+from sglang_pcie.runtime.eagle_profiler import (LOG_PREFIX, PHASES, QUANTILE_MIN, REPORTED, SCHEMA_FAMILY,
+                                                SCHEMA_MAJOR, bound, finite, projection)
 from sglang_pcie.tools.command import Command, UsageError
 
 PROG = "sglang-pcie profile-report"
@@ -36,8 +39,8 @@ class Malformed(ValueError):
 
 
 _NUMBER = r"(n/a|-?[0-9.]+(?:e[-+]?[0-9]+)?)"
-_PHASE = re.compile(rf"\b(draft|verify|draft_extend|other|cycle) mean={_NUMBER} p50={_NUMBER} p90={_NUMBER} ms"
-                    r" share=(n/a|[0-9.]+%)")
+_PHASE = re.compile(rf"\b(draft|verify|draft_extend|other|cycle) (?:n=([0-9]+) )?mean={_NUMBER} p50={_NUMBER}"
+                    rf" p90={_NUMBER} ms share=(n/a|[0-9.]+%)")
 _FIELD = re.compile(r"([A-Za-z_][\w/]*)=(\S+)")
 _BUSY = re.compile(r"GPU busy (n/a|[0-9.]+)%")
 _ACCEPT_KIND = re.compile(r"accept_len=\S+ (exact|sampled)\b")
@@ -71,8 +74,9 @@ def parse_log_line(line: str) -> dict | None:
         fields.setdefault(key, value)
     phases = {}
     for m in _PHASE.finditer(body):
-        share = m.group(5)
-        phases[m.group(1)] = {"mean": _value(m.group(2)), "p50": _value(m.group(3)), "p90": _value(m.group(4)),
+        share = m.group(6)
+        phases[m.group(1)] = {"n": _int(m.group(2)), "mean": _value(m.group(3)), "p50": _value(m.group(4)),
+                              "p90": _value(m.group(5)),
                               "share": None if share == "n/a" else float(share.rstrip("%")) / 100}
     if "decode_cycles" not in fields or "cycle" not in phases:
         raise Malformed("a profiler log line without decode_cycles or the cycle phase")
@@ -87,7 +91,7 @@ def parse_log_line(line: str) -> dict | None:
     busy = _BUSY.search(body)
     legacy = "run" not in fields
     record = {
-        "schema": f"{SCHEMA_FAMILY}{1 if legacy else SCHEMA_MAJOR}",
+        "schema": f"{SCHEMA_FAMILY}{1 if legacy else 3 if 'timed_wall_cycle' in fields else 2}",
         "run_id": fields.get("run", LEGACY_RUN), "run_started": None,
         "tp_rank": _int(fields.get("tp")), "pp_rank": _int(fields.get("pp")), "dp_rank": _int(fields.get("dp")),
         "timer": fields.get("timer"), "syncs": _int(fields.get("syncs")) or 0,
@@ -99,6 +103,7 @@ def parse_log_line(line: str) -> dict | None:
         "accept_length": accept, "accept_length_exact": kind.group(1) == "exact" if kind else None,
         "phases_ms": phases, "wall_s": _value(fields.get("wall")),
         "wall_cycle_ms": _value(fields.get("wall_cycle")),
+        "timed_wall_cycle_ms": _value(fields.get("timed_wall_cycle")),
         "gpu_busy": None if not busy or busy.group(1) == "n/a" else float(busy.group(1)) / 100,
         "profiler_host_us_per_cycle": _value(fields.get("host")),
         "baseline_ms": _value(fields.get("baseline")),
@@ -149,6 +154,7 @@ def normalise(record: dict) -> dict:
         if not isinstance(entry, dict):
             raise Malformed(f"phases_ms.{name} is not an object")
         phases[name] = {key: _number(entry, key) for key in ("mean", "p50", "p90")}
+        phases[name]["n"] = _number(entry, "n", integer=True)
     decode = _number(record, "decode_cycles", required=True, integer=True)
     requests = _number(record, "decode_requests", integer=True) or 0
     out = {
@@ -169,6 +175,7 @@ def normalise(record: dict) -> dict:
         "phases_ms": phases,
         "wall_s": _number(record, "wall_s"),
         "wall_cycle_ms": _number(record, "wall_cycle_ms"),
+        "timed_wall_cycle_ms": _number(record, "timed_wall_cycle_ms") if major >= 3 else None,
         "wall_cycles": _number(record, "wall_cycles", integer=True),
         "profiler_host_us_per_cycle": _number(record, "profiler_host_us_per_cycle"),
         "baseline_ms": _number(record, "baseline_ms"),
@@ -179,7 +186,50 @@ def normalise(record: dict) -> dict:
     }
     if out["wall_cycles"] is None and out["wall_cycle_ms"] is not None:
         out["wall_cycles"] = max(decode - 1, 1)
+    for entry in phases.values():  # before schema 3, every phase's figures are over the interval's timed cycles
+        if entry["n"] is None:
+            entry["n"] = out["timed_cycles"]
+    reason = impossible(out)
+    if reason:
+        raise Malformed(f"impossible: {reason}")
     return out
+
+
+# A record's times are rounded (log lines: to the microsecond): an inequality the profiler keeps exactly is broken
+# only beyond this slack.
+SLACK_MS = 0.002
+SLACK_SHARE = 0.02
+
+
+def _above(value, bound):
+    return value > bound * (1 + SLACK_SHARE) + SLACK_MS
+
+
+def impossible(record: dict) -> str | None:
+    """Why a (normalised) record cannot be a measurement, or None: a negative time, percentiles out of order, phases
+    summing above the cycle, a cycle above its own wall time (schema 3), more timed cycles than cycles, fewer tokens
+    than requests (each request emits at least one token per cycle)."""
+    for name, entry in record["phases_ms"].items():
+        for key in ("mean", "p50", "p90"):
+            if entry[key] is not None and entry[key] < 0:
+                return f"phases_ms.{name}.{key} = {entry[key]} ms is negative"
+        if entry["p50"] is not None and entry["p90"] is not None and _above(entry["p50"], entry["p90"]):
+            return f"phases_ms.{name}: p50 {entry['p50']} ms above p90 {entry['p90']} ms"
+    for key in ("wall_s", "wall_cycle_ms", "timed_wall_cycle_ms", "profiler_host_us_per_cycle", "baseline_ms"):
+        if record[key] is not None and record[key] < 0:
+            return f"{key} = {record[key]} is negative"
+    cycle = record["phases_ms"]["cycle"]["mean"]
+    parts = [record["phases_ms"][p]["mean"] for p in PHASES if record["phases_ms"].get(p, {}).get("mean") is not None]
+    if cycle is not None and parts and _above(sum(parts), cycle):
+        return f"phases sum to {sum(parts):.3f} ms, above the {cycle:.3f} ms cycle they ran in"
+    wall = record["timed_wall_cycle_ms"]
+    if cycle is not None and wall is not None and _above(cycle, wall):
+        return f"the {cycle:.3f} ms cycle is longer than its own {wall:.3f} ms wall time"
+    if record["timed_cycles"] > record["decode_cycles"]:
+        return f"{record['timed_cycles']} timed cycles of {record['decode_cycles']}"
+    if record["tokens"] < record["decode_requests"]:
+        return f"{record['tokens']} tokens for {record['decode_requests']} request-cycles (at least one each)"
+    return None
 
 
 def read_records(lines, skipped: list | None = None) -> list[dict]:
@@ -234,34 +284,71 @@ def _weighted(pairs):
     return sum(v * n for v, n in pairs) / total if total else None
 
 
-def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
-    """One run's figures from its (normalised) interval records (see the module docstring for the percentiles)."""
+def phase_table(records: list[dict]) -> dict:
+    """Per phase: the mean over every timed cycle of the run (``n`` of them), and p50/p90 as the weighted means of
+    the percentiles of the intervals with at least QUANTILE_MIN timed cycles (``percentile_n`` cycles behind them;
+    None where no interval has that many)."""
     phases = {}
     for name in REPORTED:
-        phases[name] = {key: _weighted((r["phases_ms"].get(name, {}).get(key), r["timed_cycles"]) for r in records)
-                        for key in ("mean", "p50", "p90")}
+        entries = [r["phases_ms"][name] for r in records if name in r["phases_ms"]]
+        timed = [(e["mean"], e["n"]) for e in entries if e["mean"] is not None and e["n"]]
+        ranked = [e for e in entries if e["n"] and e["n"] >= QUANTILE_MIN
+                  and e["p50"] is not None and e["p90"] is not None]
+        phases[name] = {"n": sum(n for _, n in timed), "mean": _weighted(timed),
+                        "p50": _weighted((e["p50"], e["n"]) for e in ranked),
+                        "p90": _weighted((e["p90"], e["n"]) for e in ranked),
+                        "percentile_n": sum(e["n"] for e in ranked)}
     cycle_ms = phases["cycle"]["mean"]
-    for name in REPORTED:
-        mean = phases[name]["mean"]
-        phases[name]["share"] = mean / cycle_ms if mean is not None and cycle_ms else None
+    for entry in phases.values():
+        mean = entry["mean"]
+        entry["share"] = mean / cycle_ms if mean is not None and cycle_ms else None
+    return phases
+
+
+def gpu_busy(records: list[dict], cycle_ms, wall_cycle_ms) -> dict:
+    """GPU busy of a run: the timed cycles' GPU time over the same cycles' wall time (schema 3), so it cannot pass
+    100% by sampling; records without those wall times (older schemas) divide the timed cycles' mean by the mean
+    wall time of every decode cycle, as they did."""
+    timed = [r for r in records if r["phases_ms"].get("cycle", {}).get("mean") is not None
+             and r["phases_ms"]["cycle"]["n"]]
+    if timed and all(r["timed_wall_cycle_ms"] is not None for r in timed):
+        gpu = sum(r["phases_ms"]["cycle"]["mean"] * r["phases_ms"]["cycle"]["n"] for r in timed)
+        wall = sum(r["timed_wall_cycle_ms"] * r["phases_ms"]["cycle"]["n"] for r in timed)
+        busy = gpu / wall if wall else None
+        return {"timed_wall_cycle_ms": wall / sum(r["phases_ms"]["cycle"]["n"] for r in timed),
+                "gpu_busy": busy, "gpu_busy_over": "timed cycles"}
+    busy = cycle_ms / wall_cycle_ms if cycle_ms is not None and wall_cycle_ms else None
+    return {"timed_wall_cycle_ms": None, "gpu_busy": busy, "gpu_busy_over": "every cycle" if busy else None}
+
+
+def _emitted(r):
+    """The tokens all decode cycles of an interval emitted: counted where exact, else its accept length over the
+    cycles whose tokens are known times the requests of every decode cycle."""
+    if r["accept_length_exact"]:
+        return r["tokens"]
+    return r["tokens"] / r["decode_requests"] * r["requests_all"] if r["decode_requests"] else None
+
+
+def throughput(records: list[dict]) -> dict:
+    """Served tokens/s (wall time) next to the tokens/s the GPU time implies, over the intervals that give each."""
+    with_wall = [r for r in records if r["wall_s"] and _emitted(r) is not None]
+    wall_s = sum(r["wall_s"] for r in with_wall)
+    with_gpu = [r for r in records if r["phases_ms"].get("cycle", {}).get("mean") and _emitted(r) is not None]
+    gpu_s = sum(r["phases_ms"]["cycle"]["mean"] * r["decode_cycles"] for r in with_gpu) / 1e3
+    return {"wall_s": wall_s or None,
+            "tokens_per_s_served": sum(_emitted(r) for r in with_wall) / wall_s if wall_s else None,
+            "tokens_per_s_gpu": sum(_emitted(r) for r in with_gpu) / gpu_s if gpu_s else None}
+
+
+def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
+    """One run's figures from its (normalised) interval records (see the module docstring for the percentiles)."""
+    phases = phase_table(records)
+    cycle_ms = phases["cycle"]["mean"]
     tokens = sum(r["tokens"] for r in records)
     requests = sum(r["decode_requests"] for r in records)
     accept = tokens / requests if requests else None
-    exact = all(r["accept_length_exact"] for r in records) and accept is not None
-
-    def emitted(r):  # tokens all decode cycles of an interval emitted
-        if r["accept_length_exact"]:
-            return r["tokens"]
-        return r["tokens"] / r["decode_requests"] * r["requests_all"] if r["decode_requests"] else None
-
-    with_wall = [r for r in records if r["wall_s"] and emitted(r) is not None]
-    wall_s = sum(r["wall_s"] for r in with_wall)
-    with_gpu = [r for r in records if r["phases_ms"].get("cycle", {}).get("mean") and emitted(r) is not None]
-    gpu_s = sum(r["phases_ms"]["cycle"]["mean"] * r["decode_cycles"] for r in with_gpu) / 1e3
     wall_cycle_ms = _weighted((r["wall_cycle_ms"], r["wall_cycles"]) for r in records)
-    gpu_busy = cycle_ms / wall_cycle_ms if cycle_ms is not None and wall_cycle_ms else None
-    all_cycles = [(r["profiler_host_us_per_cycle"], r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"])
-                  for r in records]
+    busy = gpu_busy(records, cycle_ms, wall_cycle_ms)
     if baseline_ms is None:
         baseline_ms = next((r["baseline_ms"] for r in reversed(records) if r["baseline_ms"]), None)
     first = records[0]
@@ -276,30 +363,55 @@ def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
         "idle_cycles": sum(r["idle_cycles"] for r in records),
         "timed_cycles": sum(r["timed_cycles"] for r in records),
         "decode_requests": requests, "requests_all": sum(r["requests_all"] for r in records), "tokens": tokens,
-        "accept_length": accept, "accept_length_exact": exact,
+        "accept_length": accept,
+        "accept_length_exact": accept is not None and all(r["accept_length_exact"] for r in records),
         "timers": sorted({str(r["timer"]) for r in records}),
         "syncs": sum(r["syncs"] for r in records),
         "unfinished_at_exit": sum(r["unfinished_at_exit"] for r in records),
         "phases_ms": phases,
         "phases_sum_ms": (sum(phases[p]["mean"] for p in PHASES if phases[p]["mean"] is not None)
                           if cycle_ms is not None else None),
-        "cycle_ms": cycle_ms, "wall_cycle_ms": wall_cycle_ms, "gpu_busy": gpu_busy, "bound": bound(gpu_busy),
-        "wall_s": wall_s or None,
-        "tokens_per_s_served": sum(emitted(r) for r in with_wall) / wall_s if wall_s else None,
-        "tokens_per_s_gpu": sum(emitted(r) for r in with_gpu) / gpu_s if gpu_s else None,
+        "cycle_ms": cycle_ms, **busy, "bound": bound(busy["gpu_busy"]), "wall_cycle_ms": wall_cycle_ms,
+        **throughput(records),
         "tokens_per_s_per_request": accept * 1e3 / wall_cycle_ms if accept and wall_cycle_ms else None,
-        "profiler_host_us_per_cycle": _weighted(all_cycles),
+        "profiler_host_us_per_cycle": _weighted(
+            (r["profiler_host_us_per_cycle"], r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"])
+            for r in records),
     }
     summary.update(projection(wall_cycle_ms or cycle_ms, accept, baseline_ms))
     return finite(summary)
 
 
 def _ms(value):
-    return f"{value:9.3f}" if value is not None else f"{'-':>9}"
+    return f"{value:9.3f}" if value is not None else f"{'n/a':>9}"
 
 
 def _ranks_text(ranks):
     return " ".join(f"{key.split('_')[0]}={','.join(map(str, values)) or '-'}" for key, values in ranks.items())
+
+
+def _phase_lines(summary: dict) -> list[str]:
+    lines = [f"{'phase':<14}{'n':>7}{'mean ms':>9}{'p50 ms':>9}{'p90 ms':>9}{'share':>9}"]
+    for name in REPORTED:
+        p = summary["phases_ms"][name]
+        share = f"{p['share'] * 100:8.1f}%" if p["share"] is not None else f"{'n/a':>9}"
+        lines.append(f"{name:<14}{p['n']:7d}{_ms(p['mean'])}{_ms(p['p50'])}{_ms(p['p90'])}{share}")
+    with_percentiles = summary["phases_ms"]["cycle"]["percentile_n"]
+    lines.append(f"(n: timed cycles behind each mean; p50/p90: weighted means of the percentiles of the intervals"
+                 f" with at least {QUANTILE_MIN} timed cycles, {with_percentiles} cycles"
+                 f"{'' if with_percentiles else ': none, so n/a'})")
+    return lines
+
+
+def _busy_line(summary: dict) -> str | None:
+    if summary["gpu_busy"] is None:
+        return None
+    if summary["gpu_busy_over"] == "timed cycles":
+        return (f"GPU cycle {summary['cycle_ms']:.3f} ms in a wall-clock cycle of {summary['timed_wall_cycle_ms']:.3f}"
+                f" ms (the same timed cycles): GPU busy {summary['gpu_busy'] * 100:.0f}%: {summary['bound']}")
+    return (f"wall-clock decode cycle {summary['wall_cycle_ms']:.3f} ms, GPU cycle {summary['cycle_ms']:.3f} ms:"
+            f" GPU busy {summary['gpu_busy'] * 100:.0f}%: {summary['bound']} (schema < 3: the timed cycles' GPU"
+            " time over every cycle's wall time, not the same cycles; may exceed 100%)")
 
 
 def format_summary(summary: dict, source: str, note: str = "") -> str:
@@ -308,12 +420,8 @@ def format_summary(summary: dict, source: str, note: str = "") -> str:
              f"{summary['intervals']} intervals ({summary['partial_intervals']} partial), {summary['decode_cycles']}"
              f" decode cycles ({summary['timed_cycles']} timed), {summary['prefill_cycles']} prefill,"
              f" {summary['idle_cycles']} idle (timer: {', '.join(summary['timers'])};"
-             f" forced GPU waits: {summary['syncs']})",
-             f"{'phase':<14}{'mean ms':>9}{'p50 ms':>9}{'p90 ms':>9}{'share':>9}"]
-    for name in REPORTED:
-        p = summary["phases_ms"][name]
-        share = f"{p['share'] * 100:8.1f}%" if p["share"] is not None else f"{'-':>9}"
-        lines.append(f"{name:<14}{_ms(p['mean'])}{_ms(p['p50'])}{_ms(p['p90'])}{share}")
+             f" forced GPU waits: {summary['syncs']})"]
+    lines += _phase_lines(summary)
     if summary["accept_length"] is not None:
         lines.append(f"accept length: {summary['accept_length']:.2f} tokens per request per cycle"
                      f" ({summary['tokens']} tokens over {summary['decode_requests']} request-cycles,"
@@ -323,9 +431,11 @@ def format_summary(summary: dict, source: str, note: str = "") -> str:
     served, gpu = summary["tokens_per_s_served"], summary["tokens_per_s_gpu"]
     lines.append(f"tokens/s served (wall time): {'-' if served is None else f'{served:.1f}'};"
                  f" implied by the GPU time: {'-' if gpu is None else f'{gpu:.1f}'}")
-    if summary["gpu_busy"] is not None:
-        lines.append(f"wall-clock decode cycle {summary['wall_cycle_ms']:.3f} ms, GPU cycle {summary['cycle_ms']:.3f}"
-                     f" ms: GPU busy {summary['gpu_busy'] * 100:.0f}%: {summary['bound']}")
+    if summary["wall_cycle_ms"] is not None:
+        lines.append(f"wall-clock decode cycle (every decode cycle, host clock): {summary['wall_cycle_ms']:.3f} ms")
+    busy = _busy_line(summary)
+    if busy:
+        lines.append(busy)
     if summary["profiler_host_us_per_cycle"] is not None:
         share = (f" ({summary['profiler_host_us_per_cycle'] / 1e3 / summary['wall_cycle_ms'] * 100:.2f}% of the"
                  " wall-clock cycle)" if summary["wall_cycle_ms"] else "")
@@ -338,7 +448,6 @@ def format_summary(summary: dict, source: str, note: str = "") -> str:
     else:
         lines.append("no baseline: give --baseline-ms (or EAGLE3_PROFILE_BASELINE_MS in the run) for the break-even"
                      " accept length and the projected speedup")
-    lines.append("(phase times over the timed cycles; p50/p90: weighted means of the intervals' percentiles)")
     return "\n".join(lines)
 
 

@@ -11,14 +11,6 @@ from support.eagle_records import META, interval_stats
 from sglang_pcie.runtime import eagle_profiler as ep
 from sglang_pcie.tools import profile_report
 
-RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
-               "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
-               "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
-               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
-               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
-               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
-               "projected_speedup", "syncs", "unfinished_at_exit"}
-
 
 # ------------------------------------------------------------------------------------------- report
 
@@ -45,6 +37,10 @@ def test_report_from_json_lines(tmp_path, capsys):
     assert summary["phases_ms"]["cycle"]["mean"] == pytest.approx(23.0)  # weighted by timed cycles
     assert summary["accept_length"] == pytest.approx(500 / 400) and summary["accept_length_exact"]
     assert summary["wall_cycle_ms"] == pytest.approx(25.0) and summary["gpu_busy"] == pytest.approx(23.0 / 25.0)
+    assert summary["timed_wall_cycle_ms"] == pytest.approx(25.0) and summary["gpu_busy_over"] == "timed cycles"
+    # percentiles only from the interval with at least QUANTILE_MIN timed cycles (30), with that count
+    cycle = summary["phases_ms"]["cycle"]
+    assert (cycle["n"], cycle["percentile_n"], cycle["p50"]) == (40, 30, pytest.approx(24.0))
     assert summary["tokens_per_s_served"] == pytest.approx(500 / (400 * 0.025))
     assert summary["phases_sum_ms"] <= summary["cycle_ms"] <= summary["wall_cycle_ms"]
     assert summary["break_even_accept_length"] == pytest.approx(25.0 / 12.0)
@@ -55,6 +51,8 @@ def test_report_from_json_lines(tmp_path, capsys):
     assert "verify" in table and "break-even accept length 1.25" in table
     assert "speedup over the baseline: 1.00x" in table
     assert "GPU busy 92%: GPU-bound" in table and "tokens/s served (wall time): 50.0" in table
+    assert "(the same timed cycles)" in table and "at least 20 timed cycles, 30 cycles" in table
+    assert [line.split()[:2] for line in table.splitlines() if line.startswith("cycle ")] == [["cycle", "40"]]
 
 
 def test_report_separates_runs_newest_by_default(tmp_path, capsys):
@@ -120,6 +118,27 @@ def test_report_reads_schema_1_records_and_log_lines(tmp_path, capsys):
     assert all(r["accept_length"] == pytest.approx(1.73) for r in runs)
 
 
+def test_report_reads_schema_2_records_with_their_gpu_busy_over_every_cycle(tmp_path, capsys):
+    """Schema 2 had no wall time of the timed cycles: GPU busy stays the old division, and says so; its intervals'
+    percentiles from fewer than QUANTILE_MIN timed cycles are not used."""
+    record = _interval(20.0, 18.0, 2, 200, timed=8, wall_cycle_ms=19.0)
+    record["schema"] = "sglang-pcie.eagle3-profile/2"
+    del record["timed_wall_cycle_ms"]
+    for entry in record["phases_ms"].values():
+        entry.pop("n")
+        entry["p50"] = entry["p90"] = entry["mean"]
+    path = tmp_path / "v2.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["gpu_busy"] == pytest.approx(20.0 / 19.0) and summary["gpu_busy_over"] == "every cycle"
+    assert summary["timed_wall_cycle_ms"] is None and summary["phases_ms"]["cycle"]["n"] == 8
+    assert summary["phases_ms"]["cycle"]["p50"] is None and summary["phases_ms"]["cycle"]["percentile_n"] == 0
+    assert cli_main(["profile-report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "GPU busy 105%" in text and "not the same cycles; may exceed 100%" in text
+
+
 MALFORMED = [
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5}', "no phases_ms.cycle"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "phases_ms": {"cycle": {"mean": 1}}}', "no decode_cycles"),
@@ -129,8 +148,8 @@ MALFORMED = [
      "mean='x' is not a number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5, "phases_ms": {"cycle": 3}}',
      "no phases_ms.cycle"),
-    ('{"schema": "sglang-pcie.eagle3-profile/3", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
-     "schema sglang-pcie.eagle3-profile/3 is newer than this sglang-pcie reads"),
+    ('{"schema": "sglang-pcie.eagle3-profile/4", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
+     "schema sglang-pcie.eagle3-profile/4 is newer than this sglang-pcie reads"),
     ('{"schema": "sglang-pcie.eagle3-profile/x"}', "has no major number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5', "not valid JSON"),
     ("[TP0] sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=5 | accept_len=2.00",
@@ -154,6 +173,113 @@ def test_a_malformed_or_newer_record_is_named_in_one_line_and_skipped(tmp_path, 
     assert cli_main(["profile-report", str(only_bad)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == profile_report.MAX_SKIP_LINES + 2 and "skipped 8 more records" in err[-2]
+
+
+def _counted(cycles, batch_size, tokens_per_cycle, known_cycles=None, wall_cycle_ms=10.0, cycle_ms=8.0):
+    """An interval of ``cycles`` decode cycles of ``batch_size`` requests each, 20 of them timed; the tokens of
+    ``known_cycles`` of them known (all by default: exact)."""
+    stats = interval_stats([(1.0, cycle_ms - 2.0, 0.5, cycle_ms)] * 20, decode_cycles=0,
+                           wall_cycle_ms=wall_cycle_ms)
+    known = cycles if known_cycles is None else known_cycles
+    for index in range(cycles):
+        stats.decode_cycles += 1
+        stats.requests_all += batch_size
+        if index < known:
+            stats.add_tokens(batch_size, tokens_per_cycle)
+    stats.wall_start, stats.wall_end = 0, int(cycles * wall_cycle_ms * 1e6)
+    stats.wall_cycle_ns, stats.wall_cycles = int((cycles - 1) * wall_cycle_ms * 1e6), cycles - 1
+    return stats.record(**META)
+
+
+def _summary(tmp_path, records):
+    path = tmp_path / "run.jsonl"
+    _write_run(path, records)
+    return profile_report.summarise(profile_report.read_records(path.read_text().splitlines()))
+
+
+def test_the_accept_length_is_over_every_request_cycle_not_a_mean_of_the_intervals(tmp_path):
+    """A decision pinned: the run's accept length is all tokens over all request-cycles, so a busy interval weighs
+    by its requests: 100 cycles of 1 request at 4 tokens and 100 of 9 requests at 2 tokens each give 2.2, not the
+    intervals' mean of 3.0."""
+    summary = _summary(tmp_path, [_counted(100, 1, 4), _counted(100, 9, 18)])
+    assert (summary["tokens"], summary["decode_requests"]) == (2200, 1000)
+    assert summary["accept_length"] == pytest.approx(2.2) and summary["accept_length_exact"]
+
+
+def test_an_inexact_interval_is_scaled_to_all_its_requests(tmp_path):
+    """A decision pinned: where only some cycles' tokens are known (no host copy from SGLang: the timed cycles count
+    their own), the accept length uses the known request-cycles only, and the served and GPU-time tokens/s scale
+    that interval's accept length to all its requests: 20 known cycles of 2 requests at 3 tokens each (accept 3.0)
+    stand for 100 x 2 requests, 600 tokens."""
+    exact, inexact = _counted(100, 2, 4), _counted(100, 2, 6, known_cycles=20)
+    assert not inexact["accept_length_exact"] and inexact["tokens_per_s_served"] == pytest.approx(600 / 1.0)
+    summary = _summary(tmp_path, [exact, inexact])
+    assert summary["accept_length"] == pytest.approx((400 + 120) / (200 + 40)) and not summary["accept_length_exact"]
+    assert (summary["tokens"], summary["decode_requests"], summary["requests_all"]) == (520, 240, 400)
+    assert summary["wall_s"] == pytest.approx(2.0)
+    assert summary["tokens_per_s_served"] == pytest.approx((400 + 600) / 2.0)  # not the 520 tokens counted
+    assert summary["tokens_per_s_gpu"] == pytest.approx((400 + 600) / (200 * 8.0 / 1e3))
+
+
+def _good(cycle_ms=2.91, timed=20):
+    return _interval(cycle_ms, cycle_ms - 1.5, 2, 200, timed=timed, wall_cycle_ms=4.7)
+
+
+def _altered(path, value):
+    record = json.loads(ep.to_json(_good()))
+    *parents, key = path.split(".")
+    holder = record
+    for parent in parents:
+        holder = holder[parent]
+    holder[key] = value
+    return json.dumps(record)
+
+
+IMPOSSIBLE = [  # one field of a good record (cycle 2.91 ms, verify 1.41, draft 1.0, re-extend 0.25) made impossible
+    ("phases_ms.cycle.mean", -1.94, "phases_ms.cycle.mean = -1.94 ms is negative"),
+    ("phases_ms.verify.p90", -0.5, "phases_ms.verify.p90 = -0.5 ms is negative"),
+    ("phases_ms.cycle.p50", 5.0, "phases_ms.cycle: p50 5.0 ms above p90 2.91 ms"),
+    ("phases_ms.verify.mean", 9.0, "phases sum to 10.250 ms, above the 2.910 ms cycle they ran in"),
+    ("timed_wall_cycle_ms", 1.5, "the 2.910 ms cycle is longer than its own 1.500 ms wall time"),
+    ("wall_cycle_ms", -4.7, "wall_cycle_ms = -4.7 is negative"),
+    ("wall_s", -0.9, "wall_s = -0.9 is negative"),
+    ("profiler_host_us_per_cycle", -3.0, "profiler_host_us_per_cycle = -3.0 is negative"),
+    ("timed_cycles", 201, "201 timed cycles of 200"),
+    ("tokens", 100, "100 tokens for 200 request-cycles"),
+]
+
+
+def test_records_with_impossible_times_are_skipped_and_named(tmp_path, capsys):
+    """Issue: a record with a negative cycle time was summed in: the run's cycle mean came out 1.94 ms instead of
+    2.91.  Each record below breaks one thing a measurement cannot; each is skipped with one line naming it."""
+    path = tmp_path / "run.jsonl"
+    lines = [ep.to_json(_good()), ep.to_json(_good())] + [_altered(p, v) for p, v, _ in IMPOSSIBLE]
+    lines.append(_altered("phases_ms.cycle.mean", float("nan")))  # NaN: Python's JSON reads it
+    lines.append(ep.format_line(_good()).replace("cycle n=20 mean=2.910", "cycle n=20 mean=-1.940"))
+    path.write_text("\n".join(lines) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["intervals"] == 2 and summary["phases_ms"]["cycle"]["mean"] == pytest.approx(2.91)
+    err = captured.err.splitlines()
+    reasons = [reason for _, _, reason in IMPOSSIBLE] + ["mean=nan is not a number", "is negative"]
+    assert len(err) == profile_report.MAX_SKIP_LINES + 1 and "skipped 2 more records" in err[-1]
+    for number, (line, reason) in enumerate(zip(err[:-1], reasons), 3):
+        assert f"skipped {path}:{number}: " in line and reason in line, (line, reason)
+
+
+def test_the_issues_run_cycle_mean_2_91_not_1_94(tmp_path, capsys, monkeypatch):
+    """Two intervals of 20 timed cycles at 2.91 ms and one of 10 whose cycle mean came out -1.94 ms: summed in, the
+    run's mean cycle would be 1.94 ms (as the issue saw; shown with the check removed); skipped, it is 2.91."""
+    path = tmp_path / "run.jsonl"
+    bad = json.loads(_altered("phases_ms.cycle.mean", -1.94))
+    bad["phases_ms"]["cycle"]["n"] = 10
+    path.write_text("\n".join([ep.to_json(_good()), ep.to_json(_good()), json.dumps(bad)]) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(2.91)
+    monkeypatch.setattr(profile_report, "impossible", lambda record: None)
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(1.94)
 
 
 def test_report_bad_input(tmp_path, capsys):

@@ -1,0 +1,59 @@
+"""The profiler's benchmarks run on the host only (no GPU): eagle3_profile_overhead.py --dry-run (its logic, the
+invariants of every record, the token paths), eagle3_profile_host_time.py (the A/B's bookkeeping) and
+eagle3_profile_invariants.py (a server's file checked record by record)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from sglang_pcie.runtime import eagle_profiler as ep
+
+from support import REPO
+from support.eagle_records import META, interval_stats
+
+
+def test_the_overhead_benchmark_dry_run_still_runs(tmp_path):
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_overhead.py"), "--dry-run",
+                           "--cycles", "250", "--warmup", "5", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["regimes"]) == {"gpu-bound", "host-bound"}
+    for regime in report["regimes"].values():
+        assert set(regime["modes"]) == {"off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised"}
+        checks = {c["name"]: c["ok"] for c in regime["invariants"]}
+        assert checks["eagle3-profile: accept length exact (scheduler host copy)"] is True
+        assert checks["eagle3-profile-every-cycle: accept length sampled (own pinned copy)"] is True
+        assert checks[f"eagle3-profile: every full interval has {20} timed cycles with a wall time (p50/p90 given)"]
+        assert all(ok for name, ok in checks.items() if "phases <= cycle <= wall cycle" in name)
+        assert all(ok is not False for ok in checks.values()), checks
+
+
+def test_the_host_time_benchmark_runs(tmp_path):
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_host_time.py"), "--cycles", "50",
+                           "--rounds", "3", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert set(results["samplings"]) == {"as shipped", "every cycle timed"}
+    for sampling in results["samplings"].values():
+        assert len(sampling["rounds"]["a_us"]) == len(sampling["rounds"]["b_us"]) == 3
+        assert sampling["added_us"] > 0 and sampling["reported_us"] > 0
+    assert "reported" in proc.stdout and "added" in proc.stdout
+
+
+def test_the_invariants_checker_names_a_record_that_breaks_one(tmp_path):
+    good = interval_stats([(1.0, 8.0, 0.5, 10.0, 10.5)] * 24, decode_cycles=200).record(**META)
+    broken = interval_stats([(1.0, 8.0, 0.5, 10.0, 9.5)] * 24, decode_cycles=200).record(**META)
+    path = tmp_path / "profile.jsonl"
+    path.write_text(ep.to_json(good) + "\n" + ep.to_json(broken) + "\n")
+    script = str(REPO / "benchmarks" / "eagle3_profile_invariants.py")
+    proc = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].endswith("ok") and "cycle 10.0000 > timed wall cycle 9.5000 ms" in lines[2]
+    assert "GPU busy 105.26%" in lines[2] and lines[-1] == "1 of 2 records hold every invariant"
+    path.write_text(ep.to_json(good) + "\n")
+    assert subprocess.run([sys.executable, script, str(path)], capture_output=True, timeout=120).returncode == 0
