@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support.eagle_records import RECORD_KEYS
+
 from support.releases import release_copy
 
 from sglang_pcie.runtime import eagle_profiler as ep
@@ -20,15 +22,6 @@ from sglang_pcie.patching.eagle3_profile import PATCH, SPEC_INFO, TARGETS, V1, V
 from sglang_pcie.patching.releases import COVERED_RELEASES
 
 from support import REPO
-RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_rank", "dp_rank", "worker", "timer",
-               "interval", "partial", "decode_cycles", "prefill_cycles", "idle_cycles", "timed_cycles",
-               "sample_every", "decode_requests", "requests_all", "tokens", "accept_length", "accept_length_exact",
-               "phases_ms", "phases_sum_ms", "cycle_ms", "wall_cycle_ms", "wall_cycles", "gpu_busy", "bound",
-               "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu", "tokens_per_s_per_request",
-               "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms", "break_even_accept_length",
-               "projected_speedup", "syncs", "unfinished_at_exit"}
-META = {"run_id": "20261130T100000Z-42", "run_started": 1796032800.0, "pid": 42, "tp_rank": 0, "pp_rank": 0,
-        "dp_rank": None, "worker": "EAGLEWorkerV2", "timer": "cuda", "interval": 200}
 
 
 # ------------------------------------------------------------------ static: the pristine sources, the diffs

@@ -90,8 +90,8 @@ def write_profile(tokens, cycles):
     if os.environ.get("EAGLE3_PROFILE") != "1" or not path or not cycles:
         return
     cycle = cycle_ms()
-    phases = {name: {"mean": cycle / 4, "p50": cycle / 4, "p90": cycle / 3} for name in REPORTED}
-    phases["cycle"] = {"mean": cycle, "p50": cycle, "p90": cycle * 1.2}
+    phases = {name: {"n": cycles, "mean": cycle / 4, "p50": cycle / 4, "p90": cycle / 3} for name in REPORTED}
+    phases["cycle"] = {"n": cycles, "mean": cycle, "p50": cycle, "p90": cycle * 1.2}
     # FAKE_PROFILE_WALL_RATIO < 1 makes the wall-clock cycle shorter than the GPU cycle: a broken invariant
     wall_cycle_ms = cycle * env_float("FAKE_PROFILE_WALL_RATIO", 1.25)
     record = {"schema": SCHEMA, "run_id": f"{START_WALL:.3f}-{os.getpid()}", "run_started": START_WALL,
@@ -99,7 +99,8 @@ def write_profile(tokens, cycles):
               "timed_cycles": cycles, "prefill_cycles": 1, "idle_cycles": 0, "decode_requests": cycles,
               "requests_all": cycles, "tokens": tokens, "accept_length": tokens / cycles,
               "accept_length_exact": True, "phases_ms": phases, "wall_s": cycles * wall_cycle_ms / 1e3,
-              "wall_cycle_ms": wall_cycle_ms, "wall_cycles": cycles, "profiler_host_us_per_cycle": 12.5,
+              "wall_cycle_ms": wall_cycle_ms, "timed_wall_cycle_ms": wall_cycle_ms, "wall_cycles": cycles,
+              "profiler_host_us_per_cycle": 12.5,
               "baseline_ms": None}
     with PROFILE_LOCK, open(path, "a") as f:
         f.write(json.dumps(record) + "\n")

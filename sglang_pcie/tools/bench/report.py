@@ -137,8 +137,9 @@ def _profile_line(r: dict) -> str:
     served = (r.get("metrics") or {}).get("accept_length_served")
     busy = p.get("gpu_busy")
     return (f"profile run {r['index']} ({r['variant']}): {p.get('decode_cycles')} decode cycles;"
-            f" phases {fmt(c.get('phases_sum_ms'), 3)} <= cycle {fmt(c.get('cycle_ms'), 3)} <= wall cycle"
-            f" {fmt(c.get('wall_cycle_ms'), 3)} ms"
+            f" phases {fmt(c.get('phases_sum_ms'), 3)} <= cycle {fmt(c.get('cycle_ms'), 3)} <= "
+            + (f"timed wall cycle {fmt(c['timed_wall_cycle_ms'], 3)} ms (all cycles: {fmt(c.get('wall_cycle_ms'), 3)})"
+               if c.get("timed_wall_cycle_ms") is not None else f"wall cycle {fmt(c.get('wall_cycle_ms'), 3)} ms")
             + ("" if busy is None else f" (GPU busy {busy * 100:.0f}%)")
             + f"; accept length {fmt(p.get('accept_length'), 3)} vs SGLang's {fmt(served, 3)}"
             + ("" if c.get("accept_ratio") is None else f" (ratio {c['accept_ratio']:.4f})")
