@@ -203,18 +203,26 @@ def nccl_check(expected: dict, read: dict, processes: int) -> dict:
 
 def read_profile(path: Path) -> dict | None:
     """The EAGLE3 profile summary of a server (sglang-pcie profile-report's, of the newest profiled process in
-    the file: the TP rank 0 scheduler), or None without intervals."""
+    the file: the TP rank 0 scheduler), or None without intervals. Records profile-report skips (malformed, or
+    holding impossible times) are counted and the first named: a profile that broke its own invariants must fail
+    the run, not vanish from it."""
     from sglang_pcie.tools import profile_report
 
     if not path.is_file():
         return None
+    skipped: list = []
     with open(path, encoding="utf-8", errors="replace") as f:
-        records = profile_report.read_records(f)
-    if not records:
+        records = profile_report.read_records(f, skipped)
+    if not records and not skipped:
         return None
-    runs = profile_report.runs_of(records)
-    summary = profile_report.summarise(list(runs.values())[-1])
-    summary["runs_in_file"] = len(runs)
+    summary = {}
+    if records:
+        runs = profile_report.runs_of(records)
+        summary = profile_report.summarise(list(runs.values())[-1])
+        summary["runs_in_file"] = len(runs)
+    summary["skipped_records"] = len(skipped)
+    if skipped:
+        summary["first_skipped"] = f"{path.name}:{skipped[0][0]}: {skipped[0][1]}"
     return summary
 
 
@@ -227,8 +235,8 @@ WALL_TOLERANCE = 0.05
 def profile_checks(profile: dict, sglang_accept: float | None) -> dict:
     """The invariants a profiled server must hold (docs/eagle3-profile.md; None: not reported by this profile):
     the timed phases fit in the cycle, the cycle's GPU time fits in the wall-clock cycle, no forced GPU waits, one
-    profiled process (TP rank 0) per server, and the accept length equals SGLang's (decode tokens per verify
-    cycle from its meta info) within 1%."""
+    profiled process (TP rank 0) per server, the accept length equals SGLang's (decode tokens per verify
+    cycle from its meta info) within 1%, and no record of the file was skipped as malformed or impossible."""
     phases, cycle = profile.get("phases_sum_ms"), profile.get("cycle_ms")
     timed_wall = profile.get("timed_wall_cycle_ms")
     wall, tolerance = (timed_wall, 0.0) if timed_wall is not None else (profile.get("wall_cycle_ms"), WALL_TOLERANCE)
@@ -242,6 +250,8 @@ def profile_checks(profile: dict, sglang_accept: float | None) -> dict:
         "one_run_tp_rank_0": (None if profile.get("runs_in_file") is None or ranks is None
                               else profile["runs_in_file"] == 1 and list(ranks) in ([0], [])),
         "accept_within_1pct": None if ratio is None else abs(ratio - 1) <= ACCEPT_TOLERANCE,
+        "no_impossible_records": (None if profile.get("skipped_records") is None
+                                  else profile["skipped_records"] == 0),
     }
     failed = [name for name, ok in checks.items() if ok is False]
     return dict(checks, accept_ratio=ratio, phases_sum_ms=phases, cycle_ms=cycle,

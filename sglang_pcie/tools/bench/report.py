@@ -136,8 +136,10 @@ def _profile_line(r: dict) -> str:
     p, c = r["profile"], r.get("profile_checks") or {}
     served = (r.get("metrics") or {}).get("accept_length_served")
     busy = p.get("gpu_busy")
-    return (f"profile run {r['index']} ({r['variant']}): {p.get('decode_cycles')} decode cycles;"
-            f" phases {fmt(c.get('phases_sum_ms'), 3)} <= cycle {fmt(c.get('cycle_ms'), 3)} <= "
+    cycles = p.get("decode_cycles")
+    return (f"profile run {r['index']} ({r['variant']}): "
+            + (f"{cycles} decode cycles;" if cycles is not None else "no readable record;")
+            + f" phases {fmt(c.get('phases_sum_ms'), 3)} <= cycle {fmt(c.get('cycle_ms'), 3)} <= "
             + (f"timed wall cycle {fmt(c['timed_wall_cycle_ms'], 3)} ms (all cycles: {fmt(c.get('wall_cycle_ms'), 3)})"
                if c.get("timed_wall_cycle_ms") is not None else f"wall cycle {fmt(c.get('wall_cycle_ms'), 3)} ms")
             + ("" if busy is None else f" (GPU busy {busy * 100:.0f}%)")
@@ -145,7 +147,8 @@ def _profile_line(r: dict) -> str:
             + ("" if c.get("accept_ratio") is None else f" (ratio {c['accept_ratio']:.4f})")
             + (f"; profiler host {p['profiler_host_us_per_cycle']:.1f} us/cycle"
                if p.get("profiler_host_us_per_cycle") is not None else "")
-            + ("; INVARIANT FAILED: " + ", ".join(c["failed"]) if c.get("failed") else
+            + ("; INVARIANT FAILED: " + ", ".join(c["failed"])
+               + (f" ({p['first_skipped']})" if p.get("first_skipped") else "") if c.get("failed") else
                "; invariants hold" if any(c.get(k) is not None for k in
                                           ("phases_le_cycle", "cycle_le_wall", "accept_within_1pct"))
                else ""))

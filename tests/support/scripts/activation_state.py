@@ -3,18 +3,25 @@ import importlib.metadata as md, json, multiprocessing, os, sys
 import sglang
 import sglang_pcie.runtime.activate as act
 import spawn_helper
-state = {"in_launcher": spawn_helper.overlay_state()}
-with multiprocessing.get_context("spawn").Pool(1) as pool:  # as SGLang starts its scheduler / TP workers
-    state["in_spawned_worker"] = pool.apply(spawn_helper.overlay_state)
-state["entry_points"] = [ep.value for ep in md.entry_points(group="sglang.srt.plugins")]
-watcher = next(f for f in sys.meta_path if type(f).__name__ == "ImportWatcher")
-before = {name: len(cbs) for name, cbs in watcher.callbacks.items()}
-try:
-    from sglang.srt.plugins import load_plugins
-except ImportError:
-    load_plugins = None
-if load_plugins:
-    load_plugins()
-state["plugin_framework"] = load_plugins is not None
-state["callbacks_unchanged_by_plugin_load"] = before == {n: len(c) for n, c in watcher.callbacks.items()}
-print(json.dumps(state))
+
+
+def main():
+    state = {"in_launcher": spawn_helper.overlay_state()}
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # as SGLang starts its scheduler / TP workers
+        state["in_spawned_worker"] = pool.apply(spawn_helper.overlay_state)
+    state["entry_points"] = [ep.value for ep in md.entry_points(group="sglang.srt.plugins")]
+    watcher = next(f for f in sys.meta_path if type(f).__name__ == "ImportWatcher")
+    before = {name: len(cbs) for name, cbs in watcher.callbacks.items()}
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:
+        load_plugins = None
+    if load_plugins:
+        load_plugins()
+    state["plugin_framework"] = load_plugins is not None
+    state["callbacks_unchanged_by_plugin_load"] = before == {n: len(c) for n, c in watcher.callbacks.items()}
+    print(json.dumps(state))
+
+
+if __name__ == "__main__":  # spawn re-imports this file in the worker as __mp_main__
+    main()

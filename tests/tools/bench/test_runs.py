@@ -30,7 +30,9 @@ def test_bench_end_to_end(run_bench, capsys, tmp_path):
                                             "nccl", "s2", "profile", "overlay", "baseline"]
     assert all(r["ok"] and r["stop"]["survivors"] == [] for r in runs)
     # each server got exactly its variant's environment and arguments, launched as launch_server would be
-    env_of = {r["variant"]: r["model_info"]["env"] for r in runs}
+    # (SGLANG_PCIE_CACHE is the test session's own cache, kept through the hermetic environment)
+    env_of = {r["variant"]: {k: v for k, v in r["model_info"]["env"].items() if k != "SGLANG_PCIE_CACHE"}
+              for r in runs}
     debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV", "FAKE_ACCEPT": "3", "FAKE_BATCH": "4"}
     assert env_of["baseline"] == {"SGLANG_PCIE_DISABLE": "1", **debug}
     assert {k: v for k, v in env_of["overlay"].items() if k != "SGLANG_PCIE_NCCL_DECIDED"} == debug
