@@ -126,11 +126,11 @@ def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | 
     }
 
 
-def ib_devices(folder: str = IB_DEVICES) -> list[str]:
+def ib_devices() -> list[str]:
     """The InfiniBand / RoCE devices the kernel lists (NCCL's IB transport uses them unless switched off); [] where
     there are none. A directory listing: no NCCL, no verbs library."""
     try:
-        return sorted(os.listdir(folder))[:64]
+        return sorted(os.listdir(IB_DEVICES))[:64]
     except OSError:
         return []
 

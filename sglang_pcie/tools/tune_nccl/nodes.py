@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sglang_pcie.runtime import tuned_file
 from sglang_pcie.tools.processes import stop_tree, tree_members
-from sglang_pcie.tools.tune_nccl.launch import Outcome, last_phase, read_report, tail, worker_environment
+from sglang_pcie.tools.tune_nccl.launch import Outcome, last_phase, progress, read_report, tail, worker_environment
 from sglang_pcie.tools.tune_nccl.rendezvous import NODE_VAR, RESULT_FILE
 from sglang_pcie.tools.tune_nccl.report import CONTENT_DIGEST, content_digest
 
@@ -55,7 +55,8 @@ class Nodes:
     fingerprint: dict  # this node's (tuned_file.node_fingerprint)
 
     def port(self, step: int) -> int:
-        return self.master_port + step % 2
+        """Steps 1, 3, ... meet at --master-port, steps 2, 4, ... at the next port."""
+        return self.master_port + (step - 1) % 2
 
     def describe(self) -> str:
         return (f"node {self.rank} of {self.count}, {self.local} rank(s) here and {self.local * self.count} in all; "
@@ -156,17 +157,18 @@ class NodeSteps:
             time.sleep(0.05)
 
     def _apart(self, spec: dict, reports: list, folder: Path, code: int | None) -> str:
-        """One line: why this step's ranks did not all meet."""
-        nodes = self.nodes
-        why = (next((r["error"] for r in reports if r and r.get("stage") == "join" and r.get("error")), None)
-               or launcher_error(tail(folder / "launcher.err"))
+        """One line: why this step's ranks did not all meet (or met and found another step on a node)."""
+        nodes, step = self.nodes, f"step {spec['step']} ({spec['label']})"
+        ranks = next((r["error"] for r in reports if r and r.get("error") and r.get("stage") != "run"), None)
+        if ranks:  # a rank's own word: one did not come, a node is at another step, or it failed before meeting
+            return f"{step}: {ranks.removeprefix('JoinError: ')}"
+        why = (launcher_error(tail(folder / "launcher.err"))
                or (f"torch's launcher exited with {code}" if code not in (None, 0) else "no rank met the others"))
-        where = f"{nodes.master_addr}:{nodes.port(spec['step'])}"
         others = "1" if nodes.count == 2 else f"1 to {nodes.count - 1}"
         hint = (f"start tune-nccl with the same arguments and --node-rank {others} on the other node(s)"
                 if nodes.rank == 0 else "is tune-nccl --node-rank 0 running there, with the same arguments?")
-        return (f"step {spec['step']} ({spec['label']}): the {nodes.count} nodes did not all meet at torch's "
-                f"rendezvous {where} within --join-timeout {nodes.join_timeout:g} s: {why} ({hint})")
+        return (f"{step}: the {nodes.count} nodes did not all meet at torch's rendezvous {nodes.master_addr}:"
+                f"{nodes.port(spec['step'])} within --join-timeout {nodes.join_timeout:g} s: {why} ({hint})")
 
     def _failure(self, reports: list, tails: dict, timed_out: str | None, code: int | None, folder: Path) -> str:
         """One line for a step whose ranks met but did not all report figures."""
@@ -208,6 +210,8 @@ def share(steps: NodeSteps, config: dict | None, timeout: float) -> dict:
                 tuned_file.write_config(given, config)  # the tuned file's own bytes, as every node will write them
             except (OSError, ValueError) as exc:
                 raise NodesApart(f"node 0's result cannot be handed out: {exc}") from None
+        progress(f"step {steps.step + 1}: " + ("handing this node's result to every node" if config is not None
+                                               else "receiving node 0's result"))
         received = steps.hand_out(given.read_bytes() if config is not None else None, timeout)
         try:
             shared = json.loads(received)

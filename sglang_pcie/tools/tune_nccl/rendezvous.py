@@ -94,9 +94,7 @@ class Rendezvous:
         ranks = self.everyone("join", mine, self.join_wait)
         for rank, theirs in enumerate(ranks):
             if theirs["spec"] != self.spec:
-                raise JoinError(f"node {theirs['node']} (rank {rank}) is not at this step: it runs step "
-                                f"{theirs['spec'].get('step')} ({theirs['spec'].get('label')}), this node step "
-                                f"{self.step} ({self.spec.get('label')}); they differ in "
+                raise JoinError(f"node {theirs['node']} (rank {rank}) runs something else at step {self.step}: "
                                 f"{differences(theirs['spec'], self.spec)}; start every node with the same arguments")
         self.nodes_of = {rank: theirs["node"] for rank, theirs in enumerate(ranks)}
         nodes = {}
