@@ -172,9 +172,12 @@ class NodeSteps:
 
     def _failure(self, reports: list, tails: dict, timed_out: str | None, code: int | None, folder: Path) -> str:
         """One line for a step whose ranks met but did not all report figures."""
-        own = next((f"rank {r['rank']}: {r['error']}" for r in reports if r and not r.get("ok")), None)
-        if own:
-            return own
+        failed = [r for r in reports if r and not r.get("ok")]
+        if failed:  # a rank's own error first; else what a rank heard of another's
+            first = next((r for r in failed if not r.get("peer")), failed[0])
+            # (worded as the other nodes' ranks word it, so that every node says the same)
+            return first["error"] if first.get("peer") else (f"rank {first['rank']} (node {self.nodes.rank}) "
+                                                             f"failed: {first['error']}")
         if timed_out:
             phases = {rank: last_phase(lines) for rank, lines in sorted(tails.items())}
             return timed_out + ("; last phase: " + ", ".join(f"local rank {rank}: {text or '(none written)'}"

@@ -13,17 +13,21 @@ import hashlib
 import json
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 NODE_VAR = "SGLANG_PCIE_TUNE_NODE"
 KEY = "sglang-pcie-tune"
 RESULT_FILE = "result.json"
+FIGURES_POLL = timedelta(seconds=1)  # how often a rank waiting for the others' figures looks for a failure
 
 
 class JoinError(RuntimeError):
     """The ranks did not all meet at this step, or do not run the same step: the nodes are apart."""
+
+
+class PeerFailed(RuntimeError):
+    """Another rank of this step failed (its own error is in the message): this rank stops too."""
 
 
 def local_setup() -> dict:
@@ -61,7 +65,13 @@ class Rendezvous:
         self.join_wait = timedelta(seconds=float(local["join_s"]))
         self.store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                                    timeout=self.join_wait)
-        self.nodes_of = {}  # rank -> node, learnt at join
+        self.nodes_of = {}  # rank -> node, as each said at the meeting
+        self.failed = f"{KEY}/{self.step}/failed"  # the first rank to fail at this step, and why
+
+    def _node_of(self, rank: int) -> str:
+        """The node a rank runs on: as it said at the meeting, else as torch's launcher numbers ranks (node by node,
+        ``local`` each)."""
+        return f"node {self.nodes_of.get(rank, rank // self.spec['local'])}"
 
     def _key(self, what: str, rank: int | str) -> str:
         return f"{KEY}/{self.step}/{what}/{rank}"
@@ -80,11 +90,9 @@ class Rendezvous:
             missing = [rank for rank, key in enumerate(keys) if not self.store.check([key])]
             if not missing:
                 raise
-            nodes = sorted({self.nodes_of[r] for r in missing if r in self.nodes_of})
-            raise JoinError(f"rank(s) {', '.join(map(str, missing))}"
-                            + (f" (node(s) {', '.join(map(str, nodes))})" if nodes else "")
-                            + f" did not reach step {self.step} within {wait.total_seconds():g} s"
-                            f" ({type(exc).__name__})") from None
+            nodes = sorted({self._node_of(rank) for rank in missing})
+            raise JoinError(f"rank(s) {', '.join(map(str, missing))} ({', '.join(nodes)}) did not reach step "
+                            f"{self.step} within {wait.total_seconds():g} s ({type(exc).__name__})") from None
         return [json.loads(self.store.get(key)) for key in keys]
 
     def join(self, fingerprint: dict, device: str) -> dict:
@@ -106,27 +114,41 @@ class Rendezvous:
                 "ranks": [{"rank": rank, "node": theirs["node"], "device": theirs["device"]}
                           for rank, theirs in enumerate(ranks)]}
 
-    def slowest(self, us: dict | None, error: str | None) -> dict:
+    def fail(self, error: str) -> None:
+        """This rank's measurement failed: say so to the others at once (they stop waiting for its figures). A rank
+        whose peer died fails too (gloo: "Connection closed by peer"), so where another rank posted a failure first,
+        that one says what happened: PeerFailed names it."""
+        self.post("figures", {"us": None, "error": error})
+        self._raise_posted()
+        self.store.set(self.failed, json.dumps({"rank": self.rank, "error": error}))
+
+    def slowest(self, us: dict) -> dict:
         """Every rank's figures shared: tokens -> the slowest rank's microseconds (None where a rank had none).
-        A rank that failed posts its error and raises at once; the others raise naming it as soon as they read it,
-        without waiting for ranks that may never post (a rank stuck in a collective: the parent's bound ends it)."""
-        self.post("figures", {"us": us, "error": error})
-        if error:
-            raise RuntimeError(error)
-        keys, ranks = [self._key("figures", rank) for rank in range(self.world)], {}
-        while len(ranks) < self.world:
-            for rank, key in enumerate(keys):
-                if rank not in ranks and self.store.check([key]):
-                    ranks[rank] = json.loads(self.store.get(key))
-                    if ranks[rank]["error"]:
-                        raise RuntimeError(f"rank {rank} (node {self.nodes_of.get(rank, '?')}) failed: "
-                                           f"{ranks[rank]['error']}")
-            time.sleep(0.05)
+        PeerFailed as soon as a rank posts a failure, without waiting for ranks that may never post (one stuck in a
+        collective: the parent's bound ends it)."""
+        self.post("figures", {"us": us, "error": None})
+        keys = [self._key("figures", rank) for rank in range(self.world)]
+        while True:
+            try:
+                self.store.wait(keys, FIGURES_POLL)
+                break
+            except Exception:
+                self._raise_posted()  # else not there yet, and nobody failed: wait on
+        ranks = [json.loads(self.store.get(key)) for key in keys]
+        bad = next((rank for rank, theirs in enumerate(ranks) if theirs["error"]), None)
+        if bad is not None:  # every rank posted, one of them a failure
+            raise PeerFailed(f"rank {bad} ({self._node_of(bad)}) failed: {ranks[bad]['error']}")
         slowest = {}
         for tokens in us:
-            values = [ranks[rank]["us"].get(tokens) for rank in range(self.world)]
+            values = [theirs["us"].get(tokens) for theirs in ranks]
             slowest[tokens] = None if None in values else max(values)
         return slowest
+
+    def _raise_posted(self) -> None:
+        """PeerFailed naming the rank that posted a failure at this step, if one did."""
+        if self.store.check([self.failed]):
+            theirs = json.loads(self.store.get(self.failed))
+            raise PeerFailed(f"rank {theirs['rank']} ({self._node_of(theirs['rank'])}) failed: {theirs['error']}")
 
     def hand_out(self, local: dict) -> str:
         """Node 0's result to every node: rank 0 puts the file's bytes in the store, each node's first rank writes

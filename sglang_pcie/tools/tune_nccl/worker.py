@@ -12,7 +12,8 @@ import traceback
 
 from sglang_pcie.tools.tune_nccl.measure import IPC_NAME, measure_nccl, phase
 from sglang_pcie.tools.tune_nccl.measure_ipc import measure_ipc
-from sglang_pcie.tools.tune_nccl.rendezvous import NODE_VAR, KEY, Rendezvous, local_setup, mark_joined
+from sglang_pcie.tools.tune_nccl.rendezvous import (KEY, NODE_VAR, PeerFailed, Rendezvous, local_setup,
+                                                    mark_joined)
 
 
 def torch_nccl_version(torch) -> str | None:
@@ -71,13 +72,12 @@ def _across_nodes(torch, dist, spec: dict, local: dict, report: dict) -> None:
     device = _process_group(torch, dist, spec, rank, world, report, local_rank,
                             dist.PrefixStore(f"{KEY}/{spec['step']}/group", rendezvous.store))
     phase("process group up")
-    us, error = None, None
     try:
         us = measure_nccl(torch, dist, spec, rank, world, device)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:400]
-        traceback.print_exc()
-    report["us"] = rendezvous.slowest(us, error)
+        rendezvous.fail(f"{type(exc).__name__}: {exc}"[:400])  # (PeerFailed where another rank failed first)
+        raise
+    report["us"] = rendezvous.slowest(us)
 
 
 def run_worker(spec: dict) -> int:
@@ -99,6 +99,8 @@ def run_worker(spec: dict) -> int:
         else:
             _on_this_node(torch, dist, spec, rank, world, report)
         report["ok"] = True
+    except PeerFailed as exc:  # across nodes: another rank's error, said as it is
+        report.update(error=str(exc)[:500], peer=True)
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"[:400]
         traceback.print_exc()  # the whole story goes to stderr, whose tail the parent reports

@@ -175,17 +175,31 @@ def test_the_content_digest_covers_everything_but_itself():
 # Two nodes on this machine: real tune-nccl processes, torch's launcher, the real worker, gloo
 
 # NVML lists no GPU on this machine, so each "node" shows two stand-in GPUs of its own (named for it): the
-# fingerprint then shows that it holds every node's, gathered through the ranks. The rest is the real command.
+# fingerprint then shows that it holds every node's, gathered through the ranks. And one run misbehaves: proto-Simple's
+# rank 3 (on node 1) finds wrong sums, as a broken all-reduce would; every node drops it and goes on. The rest is the
+# real command and the real worker.
+BROKEN_RANK = textwrap.dedent("""
+    import json, os, sys
+    from sglang_pcie.tools.tune_nccl import worker
+    spec = json.loads(sys.argv[2])
+    if spec.get("label") == "proto-Simple" and os.environ["RANK"] == "3":
+        def broken(*args):
+            raise RuntimeError("wrong sums after all-reduce at 1 tokens (4 of 4 buffers) [test: a broken rank]")
+        worker.measure_nccl = broken
+    sys.exit(worker.run_worker(spec))
+""")
 STAND_IN = textwrap.dedent("""
     import sys
     from sglang_pcie.runtime import gpus
+    from sglang_pcie.tools import tune_nccl
     node = sys.argv.pop(1)
     stand_in = gpus.Topology([f"CPU stand-in (node {node})"] * 2, source="stand-in",
                              uuids=[f"GPU-stand-in-node{node}-{i}" for i in range(2)])
     gpus.probe_topology = lambda environ=None: stand_in
+    tune_nccl.WORKER_COMMAND = [sys.executable, "-c", BROKEN_RANK_CODE]
     from sglang_pcie.tools.cli import main
     sys.exit(main(sys.argv[1:]))
-""")
+""").replace("BROKEN_RANK_CODE", repr(BROKEN_RANK))
 SWEEP = ["--backend", "gloo", "--nnodes", "2", "--master-addr", "127.0.0.1", "--tp", "4", "--tokens", "1,2",
          "--prefill-tokens", "none", "--hidden", "64", "--layers", "2"]
 NODE_BOUND_S = 900  # the whole two-node sweep, on a loaded 2-core machine; a hang fails the test, not the run
@@ -234,7 +248,7 @@ def finish(processes) -> list[dict]:
 @pytest.fixture(scope="module")
 def two_nodes(torch_python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("two-nodes")
-    argv = [*SWEEP, "--profiles", "default,proto-LL", "--master-port", str(two_free_ports()),
+    argv = [*SWEEP, "--profiles", "default,proto-LL,proto-Simple", "--master-port", str(two_free_ports()),
             "--join-timeout", "120"]
     results = finish(start_nodes(torch_python, folder, [argv, argv]))
     (folder / "transcript.txt").write_text("".join(
@@ -263,10 +277,17 @@ def test_two_nodes_step_together_and_write_the_same_file(two_nodes):
     assert across["ranks"] == [{"rank": rank, "node": rank // 2, "device": "cpu"} for rank in range(4)]
     assert config["measured"]["tp"] == 4 and "over 4 ranks on 2 nodes" in config["rule"]
     assert len(config["table"]["default"]["runs"]) == 3 and config["table"]["proto-LL"]["runs"]
+    broken = "RuntimeError: wrong sums after all-reduce at 1 tokens (4 of 4 buffers) [test: a broken rank]"
+    assert config["table"]["proto-Simple"] == {"values": {"NCCL_PROTO": "Simple"}, "runs": [None],
+                                               "verdict": f"dropped: rank 3 (node 1) failed: {broken}"}
+    assert all(f"dropped: rank 3 (node 1) failed: {broken}" in r["err"] for r in results)  # said alike
     assert config["ipc"]["verdict"] == "not measured: SGLang's adapter serves the GPUs of one node (--nnodes 2)"
     # Lockstep: the same runs in the same order on both nodes, with the same figures (the slowest of all ranks).
     runs = [re.findall(r"^tune-nccl: (\[\d+/\d+\] \S+ +[\d.]+ s +(.*))$", r["err"], re.M) for r in results]
-    assert [figures for _, figures in runs[0]] == [figures for _, figures in runs[1]] and len(runs[0]) >= 4
+    assert len(runs[0]) == len(runs[1]) >= 5 and [line.split()[1] for line, _ in runs[0]] == [
+        line.split()[1] for line, _ in runs[1]]
+    measured = [[figures for _, figures in node_runs if "dropped" not in figures] for node_runs in runs]
+    assert measured[0] == measured[1]
     assert "handing this node's result to every node" in results[0]["err"]
     assert "receiving node 0's result" in results[1]["err"]
     for node, result in enumerate(results):
