@@ -37,6 +37,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # A host name or an IPv4 / IPv6 address: what torch's launcher takes as --master-addr, and nothing else.
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 TORCH_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Timeout)\w*): (.+)$")
+# NCCL's own word on the network it took (NCCL_DEBUG=INFO): "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ...",
+# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>", "NCCL INFO Using network IB".
+NCCL_NETWORK = re.compile(r"NCCL INFO (NET/\S+ ?: Using .*|Using network .*)$")
 
 
 class NodesApart(Exception):
@@ -69,6 +72,11 @@ class Nodes:
                 "--nproc-per-node", str(self.local), "--master-addr", self.master_addr,
                 "--master-port", str(self.port(step)), "--rdzv-conf", f"timeout={math.ceil(self.join_timeout)}",
                 "--max-restarts", "0", "--no-python", *worker]
+
+
+def nccl_network(lines: list[str]) -> list[str]:
+    """The lines where NCCL said which network it uses (with NCCL_DEBUG=INFO; none without)."""
+    return [found.group(1).strip()[:200] for found in map(NCCL_NETWORK.search, lines) if found][:3]
 
 
 def launcher_error(lines: list[str]) -> str:
@@ -123,8 +131,12 @@ class NodeSteps:
         try:
             joined_at, timed_out = self._wait(agent, folder, began, timeout)
         finally:
-            stop_tree(agent, {}, grace_s=0)  # its ranks run in sessions of their own: the whole tree
+            if agent.poll() is None:  # its ranks run in sessions of their own: the whole tree goes
+                stop_tree(agent, {}, grace_s=0)
         reports = [read_report(folder / f"rank{r}.out") for r in range(nodes.local)]
+        if step == 1:  # where NCCL says which network it took (NCCL_DEBUG=INFO), this node says it once
+            for line in nccl_network(tail(folder / "rank0.err", 400)):
+                progress(f"node {nodes.rank}, NCCL: {line}")
         if joined_at is None:
             raise NodesApart(self._apart(spec, reports, folder, agent.returncode))
         wall = time.monotonic() - joined_at

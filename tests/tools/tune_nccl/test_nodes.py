@@ -87,6 +87,16 @@ def test_torchs_launcher_error_is_one_line_without_its_module_path():
     assert tune_nodes.launcher_error(["[W] all fine"]) == ""
 
 
+def test_nccls_own_word_on_the_network_is_picked_from_its_info_lines():
+    lines = ["h:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>",
+             "h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.2<0>",
+             "h:1:1 [0] NCCL INFO Using network IB", "tune-nccl worker rank 0 +1.0s phase: process group up"]
+    assert tune_nodes.nccl_network(lines) == ["NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.2<0>",
+                                              "Using network IB"]
+    assert tune_nodes.nccl_network(["h:1:1 [0] NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>"]) == [
+        "NET/Socket : Using [0]lo:127.0.0.1<0>"]
+
+
 def test_ranks_at_another_step_are_told_what_differs():
     mine = {"step": 3, "label": "proto-LL", "tokens": [1, 2]}
     assert differences(dict(mine, label="default", tokens=[1, 4]), mine) == (
