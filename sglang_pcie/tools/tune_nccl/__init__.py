@@ -110,7 +110,9 @@ DESCRIPTION = (
     "the GPUs this process sees, and write what is faster than NCCL's defaults beyond the measured noise (and "
     "never more than 3% slower at any measured size) to the tuned file that SGLANG_PCIE_NCCL_PROFILE=auto|tuned "
     "uses; where the defaults' own runs are too noisy to tell, NCCL's defaults are kept. A real run needs torch "
-    f"({INSTALL_TORCH}) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either.")
+    f"({INSTALL_TORCH}) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either. For a server "
+    "spanning several boxes, run it on every node with --nnodes N --node-rank R --master-addr NODE0: the all-reduce "
+    "is then measured across the network, and every node writes the same result.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
