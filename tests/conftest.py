@@ -27,8 +27,6 @@ if str(REPO) not in sys.path:
 # PYTHONPATH goes too, so that the child imports the installed sglang-pcie, not a checkout on the path.
 HERMETIC_PREFIXES = ("SGLANG_PCIE_", "EAGLE3_", "NCCL_")
 HERMETIC_NAMES = ("PYTHONPATH",)
-# The test infrastructure's own settings: where the real SGLang installs and release wheels are cached.
-KEPT_NAMES = ("SGLANG_PCIE_CACHE", "SGLANG_PCIE_INDEX_URL")
 OUTPUT_TAIL_CHARS = 4000
 
 
@@ -36,7 +34,7 @@ def child_environment(stub: Path, overrides: dict | None = None, base: dict | No
     """``base`` (default os.environ) without the overlay's, EAGLE3's and NCCL's variables, with the stub libcuda
     first on LD_LIBRARY_PATH, then ``overrides`` (a value of None removes the variable)."""
     env = {name: value for name, value in (os.environ if base is None else base).items()
-           if name in KEPT_NAMES or not (name.startswith(HERMETIC_PREFIXES) or name in HERMETIC_NAMES)}
+           if not name.startswith(HERMETIC_PREFIXES) and name not in HERMETIC_NAMES}
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(stub), env.get("LD_LIBRARY_PATH")]))
     for name, value in (overrides or {}).items():
         if value is None:
@@ -105,7 +103,7 @@ def hermetic_environment(monkeypatch, tmp_path_factory):
     from sglang_pcie.runtime import eagle_profiler, settings
 
     for name in list(os.environ):
-        if name.startswith(HERMETIC_PREFIXES + ("FAKE_",)) and name not in KEPT_NAMES:
+        if name.startswith(HERMETIC_PREFIXES + ("FAKE_",)):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
     monkeypatch.setattr(settings, "_PROCESS_SETTINGS", None)
