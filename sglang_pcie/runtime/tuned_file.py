@@ -10,6 +10,11 @@ A file applies only where it was measured: the same GPUs (UUIDs, so the same mac
 transport switches (``NCCL_P2P_DISABLE`` ...). Anything else reads as a mismatch and nothing from the file is
 applied: values measured elsewhere can be slower than NCCL's defaults (the fixed PCIe profile made prefill-sized
 all-reduces 5-29x slower on 2 x H200).
+
+A file measured across nodes (``tune-nccl --nnodes N``) records ``nodes`` and, in ``node_fingerprints``, every
+node's own fingerprint (its GPUs, links, NCCL, transport switches) with its network transport (the NCCL network
+switches set there and the InfiniBand devices the kernel lists); it applies on a node whose own fingerprint is one
+of them, in a launch over the same number of nodes.
 """
 from __future__ import annotations
 
@@ -32,6 +37,13 @@ FORMAT = 2
 # never sets them; it measures with whatever the environment has.
 TRANSPORT_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE")
 FINGERPRINT_FIELDS = ("gpus", "gpu_uuids", "nvlink", "p2p", "nccl", "transport_env")
+# Across nodes NCCL's traffic also takes the network: InfiniBand (or RoCE) where the kernel lists such a device and
+# nothing switches it off, else sockets; these variables choose the transport, the devices and GPUDirect RDMA.
+# Recorded per node (interface names may differ between nodes), with the devices the kernel lists.
+NET_VARS = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME",
+            "NCCL_NET_GDR_LEVEL")
+NODE_FIELDS = (*FINGERPRINT_FIELDS, "net_env", "ib_devices")
+IB_DEVICES = "/sys/class/infiniband"
 
 
 # The profiles tune-nccl measures, and so the only values a tuned file can carry (validate_config). Kept to what
@@ -114,6 +126,44 @@ def fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | 
     }
 
 
+def ib_devices() -> list[str]:
+    """The InfiniBand / RoCE devices the kernel lists (NCCL's IB transport uses them unless switched off); [] where
+    there are none. A directory listing: no NCCL, no verbs library."""
+    try:
+        return sorted(os.listdir(IB_DEVICES))[:64]
+    except OSError:
+        return []
+
+
+def network(environ: Mapping[str, str]) -> dict:
+    """This node's network transport, as far as it is known without NCCL: the NCCL network switches set in
+    ``environ`` and the InfiniBand devices listed here."""
+    return {"net_env": {name: environ[name] for name in NET_VARS if name in environ}, "ib_devices": ib_devices()}
+
+
+def node_fingerprint(topology, environ: Mapping[str, str] | None = None, nccl: str | None = None) -> dict:
+    """One node's part of a multi-node fingerprint: its one-box fingerprint and its network transport."""
+    env = os.environ if environ is None else environ
+    return fingerprint(topology, env, nccl) | network(env)
+
+
+def _all_or_none(values: list):
+    """True (False) where every node says so; None where any does not know and none says False."""
+    return False if False in values else (True if values and all(v is True for v in values) else None)
+
+
+def multi_node_fingerprint(nodes: list[dict]) -> dict:
+    """The fingerprint of a measurement across ``nodes`` (node_fingerprint() of each, in node-rank order): the count,
+    every node's own fingerprint, and at the top what a one-box reader shows: every node's GPUs in node order,
+    NVLink / peer-to-peer where they hold within every node, and node 0's NCCL and transport switches."""
+    return {"nodes": len(nodes), "node_fingerprints": nodes,
+            "gpus": [name for node in nodes for name in node["gpus"]],
+            "gpu_uuids": [uuid for node in nodes for uuid in node["gpu_uuids"]],
+            "nvlink": _all_or_none([node["nvlink"] for node in nodes]),
+            "p2p": _all_or_none([node["p2p"] for node in nodes]),
+            "nccl": nodes[0]["nccl"], "transport_env": dict(nodes[0]["transport_env"])}
+
+
 def _shown(value) -> str:
     """A fingerprint value for people: JSON's null is "unknown", never "None"."""
     if value is None:
@@ -121,9 +171,26 @@ def _shown(value) -> str:
     return json.dumps(value) if isinstance(value, (bool, list, dict)) else repr(value)
 
 
-def fingerprint_differences(recorded: dict, here: dict) -> list[str]:
-    found = [f"{key} {_shown(recorded.get(key))} here {_shown(here.get(key))}"
-             for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
+def _node_differences(recorded: list, node: dict) -> list[str]:
+    """Why ``node`` (this node's node_fingerprint) is none of the ``recorded`` nodes: the fields it differs in from
+    the closest one."""
+    if node in recorded:
+        return []
+    differences = [[f"{key} {_shown(entry.get(key))} here {_shown(node.get(key))}"
+                    for key in NODE_FIELDS if entry.get(key) != node.get(key)] for entry in recorded]
+    closest = min(range(len(recorded)), key=lambda i: len(differences[i]))
+    return [f"this node is none of the {len(recorded)} nodes measured (closest, node {closest}: "
+            f"{'; '.join(differences[closest])})"]
+
+
+def fingerprint_differences(recorded: dict, here: dict, node: dict | None = None) -> list[str]:
+    """What differs between the ``recorded`` fingerprint and ``here``; for a file measured across nodes, between its
+    nodes and ``node`` (this node's node_fingerprint), and in the node count."""
+    if isinstance(recorded.get("node_fingerprints"), list) and node is not None:
+        found = _node_differences(recorded["node_fingerprints"], node)
+    else:
+        found = [f"{key} {_shown(recorded.get(key))} here {_shown(here.get(key))}"
+                 for key in FINGERPRINT_FIELDS if recorded.get(key) != here.get(key)]
     if recorded.get("nodes", 1) != here.get("nodes", 1):  # a one-box measurement is no evidence across the network
         found.insert(0, f"measured on {recorded.get('nodes', 1)} node(s), launched on {here.get('nodes', 1)}")
     return found
@@ -135,7 +202,8 @@ def describe_machine(fp: dict) -> str:
     links = f"nvlink={_shown(fp.get('nvlink'))}, p2p={_shown(fp.get('p2p'))}"
     extra = "".join(f", {k}={v}" for k, v in sorted((fp.get("transport_env") or {}).items()))
     nccl = fp.get("nccl") or "unknown (no nvidia-nccl distribution found)"
-    return f"{len(gpus)} x {models} ({links}{extra}), NCCL {nccl}"
+    nodes = f"{fp['nodes']} nodes, " if "nodes" in fp else ""
+    return f"{nodes}{len(gpus)} x {models} ({links}{extra}), NCCL {nccl}"
 
 
 def validate_config(config) -> str | None:
@@ -165,24 +233,49 @@ def _short_strings(items, limit: int = 256) -> bool:
         isinstance(item, str) and len(item) <= limit for item in items)
 
 
-def _fingerprint_problem(fp) -> str | None:
+def _fingerprint_problem(fp, name: str = "fingerprint") -> str | None:
     if not isinstance(fp, dict) or any(key not in fp for key in FINGERPRINT_FIELDS):
-        return f"fingerprint must hold {', '.join(FINGERPRINT_FIELDS)}"
+        return f"{name} must hold {', '.join(FINGERPRINT_FIELDS)}"
     if not (_short_strings(fp["gpus"]) and _short_strings(fp["gpu_uuids"])):
-        return "fingerprint.gpus and .gpu_uuids must be lists of names"
+        return f"{name}.gpus and .gpu_uuids must be lists of names"
     for key in ("nvlink", "p2p"):
         if fp[key] not in (True, False, None):
-            return f"fingerprint.{key} {fp[key]!r} is not true, false or null"
+            return f"{name}.{key} {fp[key]!r} is not true, false or null"
     if not (fp["nccl"] is None or (isinstance(fp["nccl"], str) and len(fp["nccl"]) <= 256)):
-        return f"fingerprint.nccl {fp['nccl']!r} is not a distribution name or null"
+        return f"{name}.nccl {fp['nccl']!r} is not a distribution name or null"
     if "nodes" in fp and not (_is_int(fp["nodes"]) and fp["nodes"] > 1):
-        return f"fingerprint.nodes {fp['nodes']!r} is not a number of nodes above 1"
+        return f"{name}.nodes {fp['nodes']!r} is not a number of nodes above 1"
     transport = fp["transport_env"]
     if not isinstance(transport, dict):
-        return "fingerprint.transport_env must be an object"
+        return f"{name}.transport_env must be an object"
     for key, value in transport.items():
         if key not in TRANSPORT_VARS or not (isinstance(value, str) and len(value) <= 16):
-            return f"fingerprint.transport_env: {key!r}={value!r} is not a transport switch tune-nccl records"
+            return f"{name}.transport_env: {key!r}={value!r} is not a transport switch tune-nccl records"
+    return _nodes_problem(fp, name) if "node_fingerprints" in fp else None
+
+
+def _nodes_problem(fp: dict, name: str) -> str | None:
+    """A multi-node fingerprint: one node fingerprint per node, each of the one-box shape plus its network transport,
+    and the top-level GPUs every node's in node order."""
+    nodes = fp["node_fingerprints"]
+    if "nodes" not in fp or not (isinstance(nodes, list) and len(nodes) == fp["nodes"]):
+        return f"{name}.node_fingerprints must hold one fingerprint per node ({name}.nodes)"
+    for index, node in enumerate(nodes):
+        where = f"{name}.node_fingerprints[{index}]"
+        if not isinstance(node, dict) or set(node) != set(NODE_FIELDS):
+            return f"{where} must hold exactly {', '.join(NODE_FIELDS)}"
+        problem = _fingerprint_problem(node, where)
+        if problem:
+            return problem
+        net = node["net_env"]
+        if not (isinstance(net, dict) and all(key in NET_VARS and isinstance(value, str) and len(value) <= 256
+                                              for key, value in net.items())):
+            return f"{where}.net_env must map NCCL network switches ({', '.join(NET_VARS)}) to their values"
+        if not _short_strings(node["ib_devices"], 64):
+            return f"{where}.ib_devices must be a list of device names"
+    if (fp["gpus"] != [gpu for node in nodes for gpu in node["gpus"]]
+            or fp["gpu_uuids"] != [uuid for node in nodes for uuid in node["gpu_uuids"]]):
+        return f"{name}.gpus and .gpu_uuids must list every node's, in node order"
     return None
 
 
@@ -294,7 +387,11 @@ def matching_config(topology, tuned: TunedFile, explicit: bool, environ: Mapping
                 warn(f"{reason}; no NCCL profile applied")
             return None, reason
         recorded = config["fingerprint"]
-        differences = fingerprint_differences(recorded, fingerprint(topology, environ, nodes=nodes))
+        here = fingerprint(topology, environ, nodes=nodes)
+        node = None
+        if "node_fingerprints" in recorded:  # measured across nodes: this node must be one of them
+            node = {key: here[key] for key in FINGERPRINT_FIELDS} | network(os.environ if environ is None else environ)
+        differences = fingerprint_differences(recorded, here, node)
         if differences:
             reason = (f"{label}: tuned NCCL file {path} was measured on another setup"
                       f" ({'; '.join(differences)}): not applied")

@@ -17,9 +17,14 @@ The parent imports neither torch nor CUDA nor FlashInfer: it probes the GPUs thr
 the sweep can always kill them and go on. ``--backend gloo`` runs the same workers on CPU tensors (no graphs);
 it checks the machinery, not NCCL.
 
+Across nodes (``--nnodes N --node-rank R --master-addr HOST``) every node runs this command; each run's ranks are
+started by torch's launcher on every node and all-reduce over the network, the nodes step through the same runs
+together, and node 0's result is handed to every node, which writes the same file (``nodes``, ``rendezvous``).
+
 This module is the command (its arguments and ``run``); the parts: ``measure`` / ``measure_ipc`` / ``worker`` (one
 rank, in a worker process: ``python -m sglang_pcie.tools.tune_nccl --worker SPEC``), ``launch`` (one run's ranks),
-``sweep``, ``ipc``, ``verdict`` (the winner rule), ``report`` (tables and the tuned file's content).
+``sweep``, ``ipc``, ``verdict`` (the winner rule), ``report`` (tables and the tuned file's content), ``nodes`` and
+``rendezvous`` (across nodes: the parent's and the ranks' side).
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ from sglang_pcie.tools.command import Command, UsageError
 from sglang_pcie.tools.tune_nccl.ipc import ipc_unavailable, run_ipc
 from sglang_pcie.tools.tune_nccl.launch import TUNABLE_VARS, progress
 from sglang_pcie.tools.tune_nccl.measure import DTYPES, IPC_NAME, allreduces_per_graph
-from sglang_pcie.tools.tune_nccl.report import render_table, tuned_config
+from sglang_pcie.tools.tune_nccl.nodes import HOST, Nodes, NodeSteps, NodesApart, share
+from sglang_pcie.tools.tune_nccl.report import CONTENT_DIGEST, render_table, tuned_config
 from sglang_pcie.tools.tune_nccl.sweep import LATER_TIMEOUT_FACTOR, LATER_TIMEOUT_FLOOR, run_sweep
 
 CANDIDATES = tuned_file.CANDIDATES
@@ -71,6 +77,24 @@ def _positive_int(text: str) -> int:
     return values[0]
 
 
+def _node_rank(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node rank (0, 1, ...)")
+    return int(text)
+
+
+def _host(text: str) -> str:
+    if not HOST.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host name or address")
+    return text
+
+
+def _port(text: str) -> int:
+    if not (text.isdigit() and 1 <= int(text) <= 65534):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port from 1 to 65534 (the next one is used too)")
+    return int(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -86,7 +110,9 @@ DESCRIPTION = (
     "the GPUs this process sees, and write what is faster than NCCL's defaults beyond the measured noise (and "
     "never more than 3% slower at any measured size) to the tuned file that SGLANG_PCIE_NCCL_PROFILE=auto|tuned "
     "uses; where the defaults' own runs are too noisy to tell, NCCL's defaults are kept. A real run needs torch "
-    f"({INSTALL_TORCH}) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either.")
+    f"({INSTALL_TORCH}) and 2 or more NVIDIA GPUs; --dry-run previews what would run without either. For a server "
+    "spanning several boxes, run it on every node with --nnodes N --node-rank R --master-addr NODE0: the all-reduce "
+    "is then measured across the network, and every node writes the same result.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,6 +145,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="show what would run and where it would be written")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                    help="gloo: CPU tensors, no CUDA graphs - checks the sweep itself, measures nothing NCCL uses")
+    nodes = p.add_argument_group(
+        "across nodes", "measure the all-reduce a server spanning several boxes runs, over the network: run the same "
+                        "command on every node, each with its own --node-rank; each run's ranks are started by "
+                        "torch's launcher (torchrun) there, and every node writes the same result")
+    nodes.add_argument("--nnodes", type=_positive_int, default=1,
+                       help="nodes the server's tensor parallelism spans (default 1); --tp is then the ranks of all "
+                            "nodes together")
+    nodes.add_argument("--node-rank", type=_node_rank, help="this node's rank, 0 to nnodes - 1; node 0 serves the "
+                                                            "rendezvous and builds the result")
+    nodes.add_argument("--master-addr", type=_host, help="node 0's address, as every node reaches it")
+    nodes.add_argument("--master-port", type=_port, default=29500,
+                       help="torch's rendezvous port on node 0 (default 29500); alternate runs use the next port")
+    nodes.add_argument("--join-timeout", type=_positive_float, default=300.0,
+                       help="seconds the nodes may take to meet at each run (default 300); a node that does not "
+                            "come ends the sweep, in one line")
 
 
 def _stop(signum, frame):
@@ -150,45 +191,68 @@ def _profiles(args) -> dict:
     return {n: CANDIDATES[n] for n in CANDIDATES if n == "default" or n in wanted}
 
 
-def _torch_missing() -> str | None:
-    """Why the real workers cannot run here (None when they can): torch is not installed for this Python. Found
-    without importing it."""
-    if WORKER_COMMAND != REAL_WORKER or importlib.util.find_spec("torch") is not None:
+def _torch_missing(across_nodes: bool) -> str | None:
+    """Why the real workers (across nodes: torch's launcher) cannot run here (None when they can): torch is not
+    installed for this Python. Found without importing it."""
+    if (WORKER_COMMAND != REAL_WORKER and not across_nodes) or importlib.util.find_spec("torch") is not None:
         return None
     return f"needs torch, which is not installed for {sys.executable}: {INSTALL_TORCH}"
 
 
+def _check_nodes(args) -> None:
+    if args.nnodes == 1:
+        if args.node_rank not in (None, 0) or args.master_addr:
+            raise UsageError("--node-rank and --master-addr need --nnodes above 1")
+        return
+    if args.node_rank is None or args.master_addr is None:
+        raise UsageError(f"--nnodes {args.nnodes}: give --node-rank (0 to {args.nnodes - 1}) and --master-addr "
+                         "(node 0's address)")
+    if args.node_rank >= args.nnodes:
+        raise UsageError(f"--node-rank {args.node_rank}: not below --nnodes {args.nnodes}")
+    if args.tp is not None and args.tp % args.nnodes:
+        raise UsageError(f"--tp {args.tp}: not a multiple of --nnodes {args.nnodes} (every node runs as many ranks)")
+
+
 def _ranks(args, gloo: bool):
-    """(ranks, the topology of the GPUs they use): --tp, else every visible GPU (2 CPU ranks with gloo; a --dry-run
-    where fewer than 2 GPUs are visible previews 2 ranks, and says so)."""
+    """(ranks on this node, the topology of the GPUs they use): --tp (divided among --nnodes), else every visible GPU
+    (2 CPU ranks with gloo, 1 per node across nodes; a --dry-run where too few GPUs are visible previews that many
+    ranks, and says so)."""
     topology = gpus.probe_topology()
-    available = topology.gpu_count
+    available, nodes = topology.gpu_count, args.nnodes
     seen = f"{available} GPU(s) visible ({topology.detail or topology.source})"
-    preview = args.dry_run and not gloo and available < (args.tp or 2)
-    world = args.tp or (2 if gloo or preview else available)
-    if world < 2:  # (a --tp below 2 is refused before)
+    fewest = 2 if nodes == 1 else 1  # ranks per node that make an all-reduce
+    wanted = args.tp // nodes if args.tp else None
+    preview = args.dry_run and not gloo and available < (wanted or fewest)
+    local = wanted or (fewest if gloo or preview else available)
+    if local * nodes < 2:  # (a --tp below 2 is refused before)
         raise UsageError(f"{seen}: an all-reduce needs at least 2 ranks; --dry-run previews without them")
+    each = "" if nodes == 1 else " on each node"
     if preview:
-        progress(f"note: a preview: {seen}; showing what would run over {world} ranks"
-                 + ("" if args.tp else " (without --tp: 2 where fewer than 2 GPUs are visible)")
-                 + f"; a real run needs {world} GPUs")
-        return world, topology
-    if not gloo and world > available:
-        raise UsageError(f"--tp {world}: only {seen}; --dry-run previews without them")
-    if not gloo and world < available:
-        progress(f"note: measuring {world} of the {available} visible GPUs; the result applies to a server that "
+        progress(f"note: a preview: {seen}; showing what would run over {local * nodes} ranks"
+                 + ("" if args.tp else " (without --tp: 2 where fewer than 2 GPUs are visible)" if nodes == 1
+                    else " (without --tp: 1 on each node where none is visible)")
+                 + f"; a real run needs {local} GPUs{each}")
+        return local, topology
+    if not gloo and local > available:
+        raise UsageError(f"--tp {args.tp}: " + (f"{local} GPUs on each of {nodes} nodes: " if nodes > 1 else "")
+                         + f"only {seen}; --dry-run previews without them")
+    if not gloo and local < available:
+        progress(f"note: measuring {local} of the {available} visible GPUs; the result applies to a server that "
                  f"sees exactly those (set CUDA_VISIBLE_DEVICES to them for the server)")
         topology = gpus.probe_topology(dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(
-            (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(available)))).split(",")[:world])))
-    return world, topology
+            (os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(available)))).split(",")[:local])))
+    return local, topology
 
 
-def _announce(args, world: int, fingerprint: dict, profiles: dict, spec: dict, skip_ipc: str | None, out: Path):
+def _announce(args, world: int, fingerprint: dict, profiles: dict, spec: dict, skip_ipc: str | None, out: Path,
+              nodes: Nodes | None):
     sizes = spec["tokens"]
     counts = "/".join(str(allreduces_per_graph(spec, t)) for t in sizes)
     ipc = (f"measured at {'/'.join(map(str, args.tokens))} tokens" if not skip_ipc
            else f"not measured ({skip_ipc})")
-    progress(f"{world} ranks on {tuned_file.describe_machine(fingerprint)}; {len(profiles)} profiles; {args.dtype} "
+    where = (f"{world} ranks on {tuned_file.describe_machine(fingerprint)}" if nodes is None else
+             f"{nodes.describe()}; this node: {tuned_file.describe_machine(fingerprint)}")
+    progress(f"{where}; {len(profiles)} profiles; {args.dtype} "
              f"{'/'.join(map(str, sizes))} tokens x {args.hidden}, {counts} all-reduces per "
              f"{'CUDA graph' if args.backend != 'gloo' else 'timed loop'}; PCIe-IPC all-reduce: {ipc}; "
              f"{'would write' if args.dry_run else 'writing'} {out}")
@@ -198,22 +262,24 @@ def _announce(args, world: int, fingerprint: dict, profiles: dict, spec: dict, s
                  "your values still win over the tuned ones")
 
 
-def _dry_run(profiles: dict, args, skip_ipc: str | None) -> int:
+def _dry_run(profiles: dict, args, skip_ipc: str | None, nodes: Nodes | None) -> int:
     for name, values in profiles.items():
         print(f"{name:<14} {' '.join(f'{k}={v}' for k, v in values.items()) or '(NCCL defaults)'}")
     print(f"{IPC_NAME:<14} " + (f"FlashInfer PCIe-IPC all-reduce at {'/'.join(map(str, args.tokens))} tokens"
                                 if not skip_ipc else f"not measured: {skip_ipc}"))
+    if nodes is not None:
+        print(f"each run here: {' '.join(nodes.launcher(1, [*WORKER_COMMAND, '--worker', 'SPEC']))}")
     return 0
 
 
-def _measure(profiles: dict, spec: dict, world: int, args, skip_ipc: str | None):
+def _measure(profiles: dict, spec: dict, world: int, args, skip_ipc: str | None, steps: NodeSteps | None):
     """(sweep, ipc section); the sweep has no verdict when the defaults could not be measured."""
     command = list(WORKER_COMMAND)
     # Stopped by `timeout`, a scheduler or kill: unwind, so that run_profile kills the workers (they run in
     # their own sessions and would otherwise hold the GPUs after we are gone). Ctrl-C unwinds the same way.
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        sweep = run_sweep(profiles, spec, world, args.timeout, command)
+        sweep = run_sweep(profiles, spec, world, args.timeout, command, steps)
         ipc = {"verdict": f"not measured: {skip_ipc}"}
         if sweep.verdict is not None and not skip_ipc:
             verdict = sweep.verdict
@@ -236,55 +302,83 @@ def _write(out: Path, config: dict) -> bool:
     return True
 
 
+def _nodes(args, local: int, topology) -> Nodes | None:
+    if args.nnodes == 1:
+        return None
+    return Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.join_timeout, local,
+                 tuned_file.node_fingerprint(topology))
+
+
 def run(args: argparse.Namespace) -> int:
     profiles = _profiles(args)
     if args.tp is not None and args.tp < 2:
         raise UsageError(f"--tp {args.tp}: an all-reduce needs at least 2 ranks")
+    _check_nodes(args)
     gloo = args.backend == "gloo"
     if gloo and not args.out and not args.dry_run:
         raise UsageError("--backend gloo measures nothing NCCL would use: give --out, so the real tuned file is kept")
-    no_torch = _torch_missing()
+    no_torch = _torch_missing(args.nnodes > 1)
     if no_torch and not args.dry_run:  # said before the GPUs are probed: on a machine without torch, that is the news
         print(f"{COMMAND.prefix}: error: {no_torch}", file=sys.stderr)
         return 1
-    world, topology = _ranks(args, gloo)
+    local, topology = _ranks(args, gloo)
+    world, nodes = local * args.nnodes, _nodes(args, local, topology)
     out = args.out or tuned_file.config_path()
-    fingerprint = tuned_file.fingerprint(topology)
+    fingerprint = tuned_file.fingerprint(topology) if nodes is None else nodes.fingerprint
     sizes = sorted(set(args.tokens) | set(args.prefill_tokens))
     spec = {"backend": args.backend, "tokens": sizes, "hidden": args.hidden, "dtype": args.dtype,
             "allreduces": 2 * args.layers}
     skip_ipc = ipc_unavailable(world, args)
-    _announce(args, world, fingerprint, profiles, spec, skip_ipc, out)
+    _announce(args, world, fingerprint, profiles, spec, skip_ipc, out, nodes)
     if args.dry_run:
         if no_torch:
             progress(f"note: a real run {no_torch}")
-        return _dry_run(profiles, args, skip_ipc)
+        return _dry_run(profiles, args, skip_ipc, nodes)
     problem = unwritable(out)
     if problem:  # found now, not after a sweep of many minutes
         raise UsageError(f"--out {out}: {problem}")
 
     began = time.monotonic()
-    sweep, ipc = _measure(profiles, spec, world, args, skip_ipc)
-    if sweep.verdict is None:
-        progress(f"NCCL defaults could not be measured ({sweep.errors.get('default')}); nothing written")
+    steps = None if nodes is None else NodeSteps(nodes, list(WORKER_COMMAND))
+    try:
+        sweep, ipc = _measure(profiles, spec, world, args, skip_ipc, steps)
+        if sweep.verdict is None:
+            progress(f"NCCL defaults could not be measured ({sweep.errors.get('default')}); nothing written")
+            return 1
+        return _finish(args, sweep, ipc, profiles, spec, world, fingerprint, time.monotonic() - began, out, steps)
+    except NodesApart as exc:
+        progress(f"error: {exc}; nothing written")
         return 1
-    wall = time.monotonic() - began
-    print(render_table(sweep, profiles, sizes, args.layers, ipc))
+
+
+def _finish(args, sweep, ipc: dict, profiles: dict, spec: dict, world: int, fingerprint: dict, wall: float,
+            out: Path, steps: NodeSteps | None) -> int:
+    """The table, the tuned file (across nodes: node 0's, handed to every node) and the verdict lines."""
+    print(render_table(sweep, profiles, spec["tokens"], args.layers, ipc))
     measured_nccl = sweep.info.get("nccl")
     installed = (fingerprint["nccl"] or "").split(",")
     if measured_nccl and not any(d.endswith(f"=={measured_nccl}") for d in installed):
         # The fingerprint still uses the distribution: it is what the launcher can read without loading NCCL.
         progress(f"note: torch runs NCCL {measured_nccl}; installed NCCL distribution: {fingerprint['nccl']}")
-    config = tuned_config(sweep, profiles, spec, args, world, fingerprint, ipc, wall)
+    if steps is None:
+        config = tuned_config(sweep, profiles, spec, args, world, fingerprint, ipc, wall)
+    else:  # node 0 builds the result from what every node measured alike; every node writes the same
+        config = None
+        if steps.nodes.rank == 0:
+            config = tuned_config(sweep, profiles, spec, args, world,
+                                  tuned_file.multi_node_fingerprint(steps.seen["nodes"]), ipc, wall, steps)
+        config = share(steps, config, args.timeout)
     if not _write(out, config):
         return 1
     chosen = " ".join(f"{k}={v}" for k, v in config["values"].items()) or "nothing (NCCL's defaults)"
-    print(f"NCCL winner: {sweep.verdict.winner}: {chosen}")
-    print(f"NCCL verdict: {sweep.verdict.reason}")
+    print(f"NCCL winner: {config['winner']}: {chosen}")
+    print(f"NCCL verdict: {config['verdict']}")
+    ipc = config["ipc"]
     print(f"PCIe-IPC all-reduce: {ipc['verdict']}"
           + (f"; SGLANG_PCIE_IPC_MAX_NUMEL={ipc['max_numel']} where auto switches it on" if ipc.get("max_numel")
              else ""))
-    print(f"written to {out}; took {wall:.0f} s")
+    shared = "" if steps is None else f"; the same file on all {steps.nodes.count} nodes"
+    print(f"written to {out} (content sha256 {config[CONTENT_DIGEST]}{shared}); took {wall:.0f} s")
     return 0
 
 

@@ -17,6 +17,8 @@ def ipc_unavailable(world: int, args, install=None) -> str | None:
     """Why the IPC path is not measured here; None when it is."""
     if args.ipc == "off":
         return "--ipc off"
+    if args.nnodes > 1:
+        return f"SGLang's adapter serves the GPUs of one node (--nnodes {args.nnodes})"
     if args.dtype != "bf16":
         return f"SGLang's adapter serves bf16 only (--dtype {args.dtype})"
     if world not in allreduce.IPC_WORLD_SIZES:

@@ -72,8 +72,13 @@ def describe_exit(code: int) -> str:
 
 def read_report(path: Path) -> dict | None:
     """A worker's report: the last line holding a JSON object that starts with "rank", read whole (it can be long)
-    and from where it starts (a library may have written to stdout without a newline before it)."""
-    for line in reversed(path.read_text(errors="replace").splitlines()):
+    and from where it starts (a library may have written to stdout without a newline before it). None also where
+    the rank never started (no file)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    for line in reversed(text.splitlines()):
         start = line.find('{"rank"')
         if start >= 0:
             try:

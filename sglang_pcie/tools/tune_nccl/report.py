@@ -2,6 +2,8 @@
 communication per forward pass they predict) and the tuned file's content (the winner, every run, the rule)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 
 from sglang_pcie.runtime import tuned_file
@@ -68,8 +70,9 @@ def render_table(sweep: Sweep, profiles: dict, tokens: list[int], layers: int, i
 
 def rule_text(sizes: list[int], args, world: int) -> str:
     """The winner rule, as the tuned file records it."""
-    return (f"measured at {', '.join(map(str, sizes))} tokens x {args.hidden} {args.dtype} over {world} ranks in "
-            f"CUDA graphs. NCCL's defaults run {rule.DEFAULT_RUNS} times (first, middle and last of the sweep); at "
+    nodes = f" on {args.nnodes} nodes" if args.nnodes > 1 else ""
+    return (f"measured at {', '.join(map(str, sizes))} tokens x {args.hidden} {args.dtype} over {world} ranks{nodes} "
+            f"in CUDA graphs. NCCL's defaults run {rule.DEFAULT_RUNS} times (first, middle and last of the sweep); at "
             f"each size the baseline is their median and the noise their second-largest deviation from it, at "
             f"least {rule.MIN_NOISE:.0%}; with fewer usable defaults runs, or a noise above {rule.MAX_NOISE:.0%} at "
             f"any size, nothing is decided and NCCL's defaults are kept. A candidate is judged on its slowest run: "
@@ -104,9 +107,37 @@ def _judged(verdict, name: str) -> dict:
     return {"worst_ratio": round(verdict.worst_ratio[name], 4), "mean_gain": round(verdict.gain[name], 4)}
 
 
+# The tuned file records the sha256 of its own content: the JSON of every other field, keys sorted, no spaces.
+# Across nodes every node writes the same file, and says so with this digest.
+CONTENT_DIGEST = "content_sha256"
+
+
+def content_digest(config: dict) -> str:
+    content = {key: value for key, value in config.items() if key != CONTENT_DIGEST}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _across_nodes(steps) -> dict:
+    """What the measured section says about the nodes: how the ranks met, and every rank's node and device."""
+    nodes = steps.nodes
+    return {"count": nodes.count, "ranks_per_node": nodes.local, "ranks": steps.seen.get("ranks"),
+            "rendezvous": f"{nodes.master_addr}:{nodes.master_port}", "join_timeout_s": nodes.join_timeout,
+            "launcher": "torch.distributed.run (static rendezvous)"}
+
+
 def tuned_config(sweep: Sweep, profiles: dict, spec: dict, args, world: int, fingerprint: dict, ipc: dict,
-                 wall_s: float) -> dict:
-    """The tuned file's content: the winner's variables, the fingerprint, the rule, every run and the IPC section."""
+                 wall_s: float, steps=None) -> dict:
+    """The tuned file's content: the winner's variables, the fingerprint, the rule, every run, the IPC section, and
+    the digest of all that; across nodes (``steps``: nodes.NodeSteps) how the nodes ran it."""
+    config = _content(sweep, profiles, spec, args, world, fingerprint, ipc, wall_s)
+    if steps is not None:
+        config["measured"]["nodes"] = _across_nodes(steps)
+    config[CONTENT_DIGEST] = content_digest(config)
+    return config
+
+
+def _content(sweep: Sweep, profiles: dict, spec: dict, args, world: int, fingerprint: dict, ipc: dict,
+             wall_s: float) -> dict:
     verdict = sweep.verdict
     sizes = spec["tokens"]
     return {

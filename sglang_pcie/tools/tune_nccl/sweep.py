@@ -1,5 +1,6 @@
 """The sweep: every profile in fresh processes, NCCL's defaults at the start, the middle and the end (their runs
-bound the noise, drift included), then repeat runs of the best qualifier until the verdict is confirmed."""
+bound the noise, drift included), then repeat runs of the best qualifier until the verdict is confirmed. Across
+nodes every node makes the same runs in the same order (``nodes.NodeSteps`` starts each one on this node)."""
 from __future__ import annotations
 
 import time
@@ -32,15 +33,18 @@ class _Runner:
     """Runs one profile at a time, numbering the runs, and records each outcome in the sweep."""
 
     def __init__(self, sweep: Sweep, profiles: dict, spec: dict, world: int, timeout: float, command: list[str],
-                 total: int):
+                 total: int, steps=None):
         self.sweep, self.profiles, self.spec, self.world, self.command = sweep, profiles, spec, world, command
-        self.timeout, self.total, self.step = timeout, total, 0
+        self.timeout, self.total, self.step, self.steps = timeout, total, 0, steps
 
     def run(self, name: str):
         self.step += 1
         variables = ' '.join(f'{k}={v}' for k, v in self.profiles[name].items()) or '(none)'
         progress(f"[{self.step}/{self.total}] {name:<14} {variables}")
-        outcome = run_profile(self.profiles[name], self.spec, self.world, self.timeout, self.command)
+        if self.steps is not None:  # across nodes: this node's part of a run every node makes
+            outcome = self.steps.run(self.profiles[name], self.spec, self.timeout, name)
+        else:
+            outcome = run_profile(self.profiles[name], self.spec, self.world, self.timeout, self.command)
         progress(f"[{self.step}/{self.total}] {name:<14} {format_run(outcome)}")
         self.sweep.measured.setdefault(name, []).append(outcome.us)
         if outcome.error:
@@ -60,13 +64,14 @@ def plan(profiles: dict) -> list[str]:
     return order + ["default"]
 
 
-def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_command: list[str]) -> Sweep:
+def run_sweep(profiles: dict, spec: dict, world: int, timeout: float, worker_command: list[str],
+              steps=None) -> Sweep:
     """The runs of plan(), then repeat runs of the best qualifier until one is confirmed (verdict.choose). Without a
-    usable first defaults run the sweep stops there, with no verdict."""
+    usable first defaults run the sweep stops there, with no verdict. ``steps``: a nodes.NodeSteps across nodes."""
     sweep = Sweep()
     began = time.monotonic()
     order = plan(profiles)
-    runner = _Runner(sweep, profiles, spec, world, timeout, worker_command, len(order))
+    runner = _Runner(sweep, profiles, spec, world, timeout, worker_command, len(order), steps)
     first = runner.run(order[0])
     problem = rule.run_problem(first.us, spec["tokens"])
     if problem:  # nothing to compare against; the candidates would only burn time
