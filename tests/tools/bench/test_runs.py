@@ -79,8 +79,8 @@ def test_bench_end_to_end(run_bench, capsys, tmp_path):
     assert "overlay       identical: 0/20 requests differ" in out
     assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
             " all read") in out
-    assert re.search(r"profile run 3 \(profile\): \d+ decode cycles; phases 0.375 <= cycle 0.500 <= wall cycle"
-                     r" 0.625 ms \(GPU busy 80%\); accept length [\d.]+ vs SGLang's [\d.]+ \(ratio 1.0000\);"
+    assert re.search(r"profile run 3 \(profile\): \d+ decode cycles; phases 0.375 <= cycle 0.500 <= timed wall"
+                     r" cycle 0.625 ms \(all cycles: 0.625\) \(GPU busy 80%\); accept length [\d.]+ vs SGLang's [\d.]+ \(ratio 1.0000\);"
                      r" profiler host 12.5 us/cycle; invariants hold", out)
     assert "9/9 baseline (repeat 2): stopped" in err and "ready in" in err
     assert (tmp_path / "out" / "progress.log").read_text().count("stopped") == 9
