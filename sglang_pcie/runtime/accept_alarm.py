@@ -112,6 +112,8 @@ class AcceptWatch:
     def add(self, manager, recv_obj, i, module_name) -> None:
         """One finished request (index ``i`` of SGLang's output batch ``recv_obj``). Never raises: an error turns
         the watch off, with one line saying so."""
+        if self.state not in (WATCHING, ALARMED):
+            return
         try:
             if self.field is None and not self._bind(manager, recv_obj, module_name):
                 return
