@@ -103,6 +103,7 @@ class AcceptWatch:
         self.server: dict = {}
         self.logger = logging.getLogger(__name__)
         self.metrics = None
+        self._exported = None  # the accept length last set on the gauge, to 2 decimals
         self.lines: list[str] = []  # what it logged, for inspection
 
     @property
@@ -150,7 +151,9 @@ class AcceptWatch:
 
     def _judge(self) -> None:
         length = self.accept_length
-        self._export("set_accept_length", length)
+        if self.metrics is not None and round(length, 2) != self._exported:  # a gauge write costs ~10 us: on change
+            self._exported = round(length, 2)
+            self._export("set_accept_length", self._exported)
         if self.state == WATCHING and length < self.alarm_below:
             self._log(alarm_message(self.server, length, self.verifies, self.requests))
             self._export("set_alarm", 1)
@@ -276,7 +279,7 @@ class PrometheusExport:
                     labelnames=["model_name"], multiprocess_mode="mostrecent")
                 _GAUGES["accept"] = Gauge(
                     "sglang_pcie_accept_alarm_accept_length",
-                    "Accept length the alarm last judged: 1 + accepted drafts / request-verifies of finished requests",
+                    "Accept length the alarm last judged (2 decimals): 1 + accepted drafts / request-verifies",
                     labelnames=["model_name"], multiprocess_mode="mostrecent")
             export = cls(_GAUGES["alarm"], _GAUGES["accept"], model)
             export.set_alarm(0)

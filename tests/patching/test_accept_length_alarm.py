@@ -4,9 +4,11 @@ on import, and the real TokenizerManager method, driven with SGLang-shaped outpu
 a broken drafter and never for a working one.  Drift and harmless upstream changes: mutations/accept-length-alarm.yaml."""
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -331,3 +333,51 @@ def test_switched_off_leaves_the_release_method_its_own(sglang_env, pristine_sou
     assert out["activation"] == {} and out["switched_off"] == "listed in SGLANG_PCIE_DISABLE_PATCHES"
     assert out["check_runtime"] == DISABLED and out["decorator_is_identity"]
     assert out["diffed"]["marker"] is None  # the diff's decorator is the identity too
+
+
+# ------------------------------------------------------- the GPU evidence's broken drafters, replayed on the CPU
+
+
+def _acceptance_probe() -> str:
+    """tests/tools/test_make_test_models.py's replay of SGLang's EAGLE-3 chain: transformers' own Llama decodes
+    greedily, the drafter's tensors draft 3 steps per verify; prints each request's tokens and accept lengths."""
+    spec = importlib.util.spec_from_file_location("make_test_models_tests", REPO / "tests/tools/test_make_test_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ACCEPTANCE_PROBE
+
+
+def test_break_drafter_writes_drafters_that_serve_the_same_tokens_and_are_never_accepted(sglang_env, tmp_path):
+    from sglang_pcie.tools.make_test_models import PRESETS, make_models
+    from sglang_pcie.tools.safetensors_io import read_tensor
+
+    make_models(tmp_path / "m", PRESETS["tiny"], seed=1, acceptance="mixed")
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "m" / "draft")],
+                   check=True, capture_output=True)
+    roots = {}
+    for name in ("draft", "draft-d2t-shifted", "draft-head-shifted"):
+        root = roots[name] = tmp_path / f"pair-{name}"
+        root.mkdir()
+        (root / "target").symlink_to(tmp_path / "m" / "target")
+        (root / "draft").symlink_to(tmp_path / "m" / name)
+    code = (f"import contextlib, io, json\nouts = {{}}\nfor name, root in {[(n, str(r)) for n, r in roots.items()]!r}:\n"
+            "    buf = io.StringIO()\n    with contextlib.redirect_stdout(buf):\n"
+            f"        exec({_acceptance_probe()!r}.replace('sys.argv[1]', repr(root)), {{'__name__': '__main__'}})\n"
+            "    outs[name] = json.loads(buf.getvalue())\nprint(json.dumps(outs))")
+    outs = sglang_env("0.5.23").run_json(code)
+    accept = {name: sum(sum(r["accept_lengths"]) for r in rs) / sum(len(r["accept_lengths"]) for r in rs)
+              for name, rs in outs.items()}
+    assert accept["draft"] > 2.5, accept  # the mixed pair at 3 steps
+    assert accept["draft-d2t-shifted"] == accept["draft-head-shifted"] == 1.0, accept  # no draft ever accepted
+    tokens = {name: [r["tokens"] for r in rs] for name, rs in outs.items()}
+    assert tokens["draft-d2t-shifted"] == tokens["draft-head-shifted"] == tokens["draft"]  # lossless: same text
+    # what changed: d2t within the same hot set, or only the lm_head rows
+    hot = {}
+    for name in roots:
+        _, _, d2t = read_tensor(tmp_path / "m" / name / "model.safetensors", "d2t")
+        hot[name] = [d + i for i, d in enumerate(d2t)]
+    assert hot["draft-d2t-shifted"] == hot["draft"][1:] + hot["draft"][:1]
+    assert hot["draft-head-shifted"] == hot["draft"]
+    for name in ("draft-d2t-shifted", "draft-head-shifted"):
+        assert (tmp_path / "m" / name / "config.json").read_bytes() == \
+            (tmp_path / "m" / "draft" / "config.json").read_bytes()
