@@ -57,9 +57,12 @@ def disabled_reason(settings) -> str | None:
 def watch_accept_length(function):
     """Decorator the versioned diff puts on ``TokenizerManager._calculate_spec_decoding_metrics``: ``wrap`` unless
     the alarm is switched off (``SGLANG_PCIE_DISABLE_PATCHES=accept-length-alarm``, ``SGLANG_PCIE_DISABLE=1``)."""
-    from sglang_pcie.runtime.settings import for_process
+    try:
+        from sglang_pcie.runtime.settings import for_process
 
-    return function if disabled_reason(for_process()) is not None else wrap(function)
+        return function if disabled_reason(for_process()) is not None else wrap(function)
+    except Exception:  # the overlay never breaks SGLang's import: SGLang's own method
+        return function
 
 
 def wrap(function):
@@ -128,7 +131,10 @@ class AcceptWatch:
                 self._judge()
         except Exception as exc:  # never in SGLang's way
             self.state = OFF
-            self._log(f"{LOG_PREFIX}: off: {type(exc).__name__}: {exc}")
+            try:
+                self._log(f"{LOG_PREFIX}: off: {type(exc).__name__}: {exc}")
+            except Exception:
+                pass
 
     def _bind(self, manager, recv_obj, module_name) -> bool:
         self.logger = logging.getLogger(module_name)

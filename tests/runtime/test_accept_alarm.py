@@ -247,3 +247,23 @@ def test_prometheus_export_off_without_the_client_and_the_alarm_still_fires(monk
     texts = [r.getMessage() for r in warnings(caplog_module)]
     assert texts[0].startswith("sglang-pcie accept-length-alarm: Prometheus export off: ")
     assert "looks broken" in texts[1] and watch.state == aa.ALARMED
+
+
+def test_a_failing_logger_never_reaches_sglang(manager, monkeypatch):
+    watch = aa.AcceptWatch()
+
+    def broken(text):
+        raise OSError("log disk full")
+    monkeypatch.setattr(watch, "_log", broken)
+    feed(watch, manager, [(40, 0)] * 8)  # the warning's log call raises: the watch turns off, silently
+    assert watch.state == aa.OFF
+
+
+def test_the_diffs_decorator_leaves_sglangs_method_when_the_settings_cannot_be_read(monkeypatch):
+    from sglang_pcie.runtime import settings
+
+    def unreadable():
+        raise RuntimeError("settings")
+    monkeypatch.setattr(settings, "for_process", unreadable)
+    function = Manager._calculate_spec_decoding_metrics
+    assert aa.watch_accept_length(function) is function
