@@ -19,14 +19,15 @@ export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
 REPO=$PWD
 OUT=${OUT:-/tmp/alarm-out}; mkdir -p "$OUT"
 RUN=/tmp/alarm-run
-MODELS=/tmp/alarm-models
+MODELS=${MODELS:-/tmp/alarm-models}
+# The Llama-8B shape of the measurement; MODEL_SHAPE="--preset e2e" (~1 GB, 20 s) checks the script quickly.
+MODEL_SHAPE=${MODEL_SHAPE:---hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336}
 cd /tmp   # python3 -m imports the installed wheel, as users have it, not the checkout
 if [ "${COLLECT:-0}" != 1 ]; then
   python3 -m sglang_pcie verify-patches | grep -E "accept-length-alarm|^sglang" || exit 1
   if [ ! -s $MODELS/target/model.safetensors ]; then
     S=$(date +%s)
-    python3 -m sglang_pcie make-test-models $MODELS \
-      --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed || exit 1
+    python3 -m sglang_pcie make-test-models $MODELS $MODEL_SHAPE --acceptance mixed || exit 1
     echo "make-test-models: $(( $(date +%s) - S )) s"
   fi
   python3 "$REPO/benchmarks/break_drafter.py" $MODELS/draft || exit 1
