@@ -157,7 +157,7 @@ class AcceptWatch:
 
     def _judge(self) -> None:
         length = self.accept_length
-        if self.metrics is not None and round(length, 2) != self._exported:  # a gauge write costs ~10 us: on change
+        if self.metrics is not None and round(length, 2) != self._exported:  # a gauge write (multiprocess mode) costs us: on change only
             self._exported = round(length, 2)
             self._export("set_accept_length", self._exported)
         if self.state == WATCHING and length < self.alarm_below:
