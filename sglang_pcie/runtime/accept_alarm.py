@@ -157,7 +157,8 @@ class AcceptWatch:
 
     def _judge(self) -> None:
         length = self.accept_length
-        if self.metrics is not None and round(length, 2) != self._exported:  # a gauge write (multiprocess mode) costs us: on change only
+        # a gauge write (prometheus_client's multiprocess mode) costs microseconds: only when the figure changes
+        if self.metrics is not None and round(length, 2) != self._exported:
             self._exported = round(length, 2)
             self._export("set_accept_length", self._exported)
         if self.state == WATCHING and length < self.alarm_below:
