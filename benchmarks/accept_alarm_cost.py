@@ -124,7 +124,8 @@ def format_result(r: dict) -> str:
     for label in r["results"]:
         m = r[label]
         lines.append(f"  {label:17} alarm {m['hook_ns'] / 1e3:6.2f} us per finished request (rounds "
-                     f"{m['min_ns'] / 1e3:.2f}-{m['max_ns'] / 1e3:.2f}); SGLang's own method {m['sglang_ns'] / 1e3:.2f} us")
+                     f"{m['min_ns'] / 1e3:.2f}-{m['max_ns'] / 1e3:.2f}); "
+                     f"SGLang's own method {m['sglang_ns'] / 1e3:.2f} us")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """The accept-length-alarm patch: against the pristine sources of every covered release (static, diffs), its
 install on stand-in modules, and in the real SGLang 0.5.9 and 0.5.23 with the overlay installed: the hook wrapped
 on import, and the real TokenizerManager method, driven with SGLang-shaped output batches, warning exactly once for
-a broken drafter and never for a working one.  Drift and harmless upstream changes: mutations/accept-length-alarm.yaml."""
+a broken drafter and never for a working one.  Drift and harmless upstream changes:
+mutations/accept-length-alarm.yaml."""
 from __future__ import annotations
 
 import importlib.util
@@ -341,7 +342,8 @@ def test_switched_off_leaves_the_release_method_its_own(sglang_env, pristine_sou
 def _acceptance_probe() -> str:
     """tests/tools/test_make_test_models.py's replay of SGLang's EAGLE-3 chain: transformers' own Llama decodes
     greedily, the drafter's tensors draft 3 steps per verify; prints each request's tokens and accept lengths."""
-    spec = importlib.util.spec_from_file_location("make_test_models_tests", REPO / "tests/tools/test_make_test_models.py")
+    path = REPO / "tests" / "tools" / "test_make_test_models.py"
+    spec = importlib.util.spec_from_file_location("make_test_models_tests", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ACCEPTANCE_PROBE
@@ -360,7 +362,8 @@ def test_break_drafter_writes_drafters_that_serve_the_same_tokens_and_are_never_
         root.mkdir()
         (root / "target").symlink_to(tmp_path / "m" / "target")
         (root / "draft").symlink_to(tmp_path / "m" / name)
-    code = (f"import contextlib, io, json\nouts = {{}}\nfor name, root in {[(n, str(r)) for n, r in roots.items()]!r}:\n"
+    pairs = [(name, str(root)) for name, root in roots.items()]
+    code = (f"import contextlib, io, json\nouts = {{}}\nfor name, root in {pairs!r}:\n"
             "    buf = io.StringIO()\n    with contextlib.redirect_stdout(buf):\n"
             f"        exec({_acceptance_probe()!r}.replace('sys.argv[1]', repr(root)), {{'__name__': '__main__'}})\n"
             "    outs[name] = json.loads(buf.getvalue())\nprint(json.dumps(outs))")
