@@ -165,6 +165,31 @@ REGISTER = (
                        "methods they call on the target; text outline of srt/models plus ast of the candidate "
                        "classes for the classes that would gain methods"),
     ),
+    Entry(
+        id="accept-length-alarm",
+        module="sglang_pcie.patching.accept_length_alarm",
+        targets=("sglang.srt.managers.tokenizer_manager",),
+        releases=">=0.5.8,<=0.5.23",
+        opt_in=None,
+        summary=("EAGLE runs: one warning per server (and a Prometheus gauge) when the drafter's drafts are almost "
+                 "never accepted, naming the likely causes and the check-drafter command"),
+        why=("Speculative decoding is lossless, so a broken drafter (a wrong d2t map, wrong aux hidden-state layer "
+             "ids) loads, serves correct text and is silently useless: the Kimi-K2.5 deployment lost days to it. "
+             "On one H200 a drafter with its d2t permuted within its hot set served token-identical outputs at "
+             "accept length 1.00 instead of 2.76 and 0.40x batch throughput, with no warning anywhere."),
+        upstream=(),
+        upstream_note="none: SGLang logs the accept length but never judges it",
+        checked="2026-12-01",
+        remove_when="SGLang warns by itself when an EAGLE drafter's drafts are almost never accepted",
+        upstream_check=("never upstream so far; statically: TokenizerManager._calculate_spec_decoding_metrics "
+                        "exists, reads the per-request verify and accepted-draft counters, and is called only for "
+                        "finished requests"),
+        runtime_method=("post-import hook on tokenizer_manager wraps TokenizerManager._calculate_spec_decoding_metrics "
+                        "(called once per finished request of a speculative run) with "
+                        "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
+        static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
+                       "it reads on recv_obj, every self call of it inside an `if ...finished:` branch"),
+    ),
 )
 
 
