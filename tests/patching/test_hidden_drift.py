@@ -34,6 +34,7 @@ READ_BY_THE_CHECKS = (
     "sglang/srt/layers/layer_boundary/residual/add_norm.py",
     "sglang/srt/speculative", "sglang/srt/models", "sglang/srt/model_executor",
     "sglang/srt/runtime_context.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py",
+    "sglang/srt/managers/tokenizer_manager.py",
 )
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
@@ -41,6 +42,7 @@ ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 EAGLE_V1 = "sglang/srt/speculative/eagle_worker.py"
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 KIMI = "sglang/srt/models/kimi_k25.py"
+TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
 
 
 def copy_release(version: str, dest: Path) -> Path:
@@ -116,6 +118,18 @@ CASES = [
          replace(EAGLE_V1, ("self.target_worker.model_runner.model.get_embed_and_head()",
                             "self.target_worker.model_runner.model.get_input_and_lm_head()")),
          "get_input_and_lm_head"),
+    Case("tokenizer manager's accepted-draft counter renamed", "0.5.23", "accept-length-alarm",
+         replace(TOKENIZER_MANAGER, ("recv_obj.spec_num_correct_drafts", "recv_obj.spec_num_accepted_drafts")),
+         "reads none of recv_obj.spec_accepted_tokens"),
+    Case("per-request spec metrics computed for every streamed chunk", "0.5.9", "accept-length-alarm",
+         replace(TOKENIZER_MANAGER,
+                 ("                if self.server_args.speculative_algorithm:\n"
+                  "                    self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)\n", ""),
+                 ("            if getattr(state.obj, \"return_logprob\", False):\n",
+                  "            if self.server_args.speculative_algorithm:\n"
+                  "                self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)\n"
+                  "            if getattr(state.obj, \"return_logprob\", False):\n")),
+         "is called outside the finished-request branch"),
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from sglang_pcie.patching import register
 from sglang_pcie.patching.engine import all_patches
 
-PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
+from support import PATCH_IDS
 
 
 def test_registry_ids_are_the_issue_ids():
@@ -26,7 +26,8 @@ class Settings:
 
 
 def test_one_gate_for_every_patch():
-    sm120, eagle, drafter = (register.entry(i) for i in PATCH_IDS)
+    sm120, eagle, drafter, alarm = (register.entry(i) for i in PATCH_IDS)
+    assert register.disabled_reason(alarm, Settings()) is None  # log lines only: on unless switched off
     assert register.disabled_reason(drafter, Settings()) is None
     assert register.disabled_reason(sm120, Settings()) == "opt-in: set SGLANG_PCIE_SM120_FUSION=1"
     assert register.disabled_reason(sm120, Settings(sm120_fusion=True)) is None

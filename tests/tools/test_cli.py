@@ -6,7 +6,6 @@ import pytest
 
 from support.cli import run_cli
 
-PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
 
 
 @pytest.mark.parametrize("argv", [

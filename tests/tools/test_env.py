@@ -9,7 +9,6 @@ import pytest
 from sglang_pcie.runtime.gpus import Topology
 from support.cli import run_cli
 
-PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"]
 
 
 def test_env_reports_the_decision(capsys, monkeypatch):
