@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_pcie.patching import source as sglang_source_reader
+from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.tools import safetensors_io
 from sglang_pcie.tools.command import Command, UsageError
 
@@ -209,90 +211,70 @@ class Checkpoint:
 # What the SGLang in use says: EAGLE-3 draft classes, loader behaviour, the target's capture rule.
 
 
-class SglangModels:
-    """Reads ``sglang/srt/models`` of one SGLang tree as text; parses only the files a question needs."""
+MODELS = "sglang.srt.models"
 
-    def __init__(self, root: Path):
-        from sglang_pcie.patching.source import SourceTree
 
-        self.tree = SourceTree(root)
-        self.version = self.tree.version
-        self.folder = self.tree.root / "sglang" / "srt" / "models"
-        self._texts = {p: p.read_text(encoding="utf-8-sig", errors="replace")  # some files start with a BOM
-                       for p in sorted(self.folder.glob("*.py"))}
-        self._parsed: dict[Path, ast.Module] = {}
-        self._entries: dict[bool, dict[str, Path]] = {}
-        self._class_files: dict[str, list[Path]] | None = None
+class SglangFacts:
+    """What check-drafter needs of one SGLang tree, read through SourceTree without importing it: the
+    architectures its registry lists (``EntryClass``), their classes and methods, names resolved as Python would."""
 
-    def entry_classes(self, eagle3_only: bool = False) -> dict[str, Path]:
-        """Architecture name -> file, from every ``EntryClass`` (SGLang's model registry)."""
-        if eagle3_only in self._entries:
-            return self._entries[eagle3_only]
-        found = self._entries[eagle3_only] = {}
-        for path, text in self._texts.items():
-            if eagle3_only and "eagle3" not in path.name:
-                continue
-            for match in re.finditer(r"^EntryClass\s*=\s*(\[[^\]]*\]|[\w.]+)", text, re.M):
-                for name in re.findall(r"[A-Za-z_]\w*", match.group(1)):
-                    found.setdefault(name, path)
-        return found
+    def __init__(self, tree: SourceTree):
+        self.tree = tree
+        self.version = tree.version
+        self._entries: dict[bool, dict[str, str]] = {}
 
-    def class_def(self, name: str, near: Path | None = None) -> tuple[Path, ast.ClassDef] | None:
-        """The class ``name``: in ``near`` (the file naming it) if defined there, else in the file whose
-        EntryClass lists it, else the first file defining it (two files may define classes of one name)."""
-        if self._class_files is None:
-            self._class_files = {}
-            for path, text in self._texts.items():
-                for found in re.findall(r"^class (\w+)", text, re.M):
-                    self._class_files.setdefault(found, []).append(path)
-        files = self._class_files.get(name, [])
-        first = [p for p in (near, self.entry_classes().get(name)) if p in files]
-        for path in first + [p for p in files if p not in first]:
-            if path not in self._parsed:
-                try:
-                    self._parsed[path] = ast.parse(self._texts[path])
-                except SyntaxError:  # written for a newer Python than this one
-                    self._parsed[path] = ast.Module(body=[], type_ignores=[])
-            for node in self._parsed[path].body:
-                if isinstance(node, ast.ClassDef) and node.name == name:
-                    return path, node
+    def entry_classes(self, eagle3_only: bool = False) -> dict[str, str]:
+        """Architecture name -> the module whose ``EntryClass`` lists it (SGLang's model registry); with
+        ``eagle3_only`` the modules named ``*eagle3*`` only."""
+        if eagle3_only not in self._entries:
+            found = self._entries[eagle3_only] = {}
+            for module in self.tree.modules(MODELS):
+                if eagle3_only and "eagle3" not in module.rpartition(".")[2] or "EntryClass" not in (
+                        self.tree.source(module) or ""):
+                    continue
+                for value in self.tree.assignments(module, "EntryClass"):
+                    for node in ast.walk(value):
+                        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+                        if name:
+                            found.setdefault(name, module)
+        return self._entries[eagle3_only]
+
+    def file_name(self, module: str) -> str:
+        return self.tree.path(module).name
+
+    def loader_text(self, architecture: str) -> str:
+        module = self.entry_classes(eagle3_only=True).get(architecture)
+        return self.tree.source(module) or "" if module else ""
+
+    def architecture_class(self, architecture: str) -> tuple[str, str] | None:
+        """(module, class) that SGLang's registry serves ``architecture`` with: the name its EntryClass lists,
+        resolved in that module."""
+        module = self.entry_classes().get(architecture)
+        return self.tree.class_at(module, architecture) if module else None
+
+    def method(self, key: tuple[str, str] | None, name: str):
+        """(module, ClassDef, FunctionDef) of method ``name`` of the class ``key`` = (module, class), own or
+        inherited, or None."""
+        for owner in self.tree.lineage(*key) if key else ():
+            node = self.tree.class_node(*owner)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return owner[0], node, item
         return None
 
-    def method(self, class_name: str, method: str, depth: int = 0, near: Path | None = None):
-        """(file, ClassDef, FunctionDef) of ``method`` on ``class_name`` or its bases (by name)."""
-        found = self.class_def(class_name, near)
-        if found is None or depth > 12:
-            return None
-        path, cls = found
-        for node in cls.body:
-            if isinstance(node, ast.FunctionDef) and node.name == method:
-                return path, cls, node
-        for base in cls.bases:
-            base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
-            if base_name and base_name != class_name:
-                hit = self.method(base_name, method, depth + 1, near=path)
-                if hit:
-                    return hit
-        return None
-
-    def attribute_class(self, class_name: str, attribute: str) -> str | None:
+    def attribute_class(self, key: tuple[str, str], attribute: str) -> tuple[str, str] | None:
         """The class assigned to ``self.<attribute> = Class(...)`` in the class's (or its bases') __init__."""
-        hit = self.method(class_name, "__init__")
-        if hit is None:
-            return None
-        for node in ast.walk(hit[2]):
+        hit = self.method(key, "__init__")
+        for node in ast.walk(hit[2]) if hit else ():
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                     and isinstance(node.value.func, ast.Name)
                     and any(isinstance(t, ast.Attribute) and t.attr == attribute for t in node.targets)):
-                return node.value.func.id
+                name = node.value.func.id
+                # An import inside __init__ binds the name there (mllama4's Llama4ForCausalLM).
+                local = next(((self.tree.absolute(hit[0], i), a.name) for i in ast.walk(hit[2])
+                              if isinstance(i, ast.ImportFrom) for a in i.names if (a.asname or a.name) == name), None)
+                return self.tree.class_at(*local) if local else self.tree.class_at(hit[0], name)
         return None
-
-    def text(self, path: Path) -> str:
-        return self._texts.get(path, "")
-
-    def loader_text(self, architecture: str) -> str:
-        path = self.entry_classes(eagle3_only=True).get(architecture)
-        return self._texts.get(path, "") if path else ""
 
 
 class _StandIn:
@@ -345,13 +327,18 @@ def _config_stand_in(record: list, config: dict) -> _StandIn:
                              for key, value in config.items()})
 
 
-def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, text_config: dict,
-                        depth: int = 0) -> CaptureRule | None:
-    """The installed release's own set_eagle3_layers_to_capture of ``architecture``, run on a stand-in."""
-    hit = models.method(architecture, "set_eagle3_layers_to_capture")
+def sglang_capture_rule(facts: SglangFacts, architecture: str, config: dict,
+                        text_config: dict) -> CaptureRule | None:
+    """The release's own set_eagle3_layers_to_capture of the class serving ``architecture``, run on a stand-in."""
+    return _capture_rule(facts, facts.architecture_class(architecture), config, text_config)
+
+
+def _capture_rule(facts: SglangFacts, key, config: dict, text_config: dict, depth: int = 0) -> CaptureRule | None:
+    hit = facts.method(key, "set_eagle3_layers_to_capture")
     if hit is None or depth > 3:
         return None
-    path, cls, func = hit
+    module_name, cls, func = hit
+    path = facts.tree.path(module_name)
     # A wrapper (Kimi-K2.5) forwards to self.<attribute>.set_eagle3_layers_to_capture: follow that class. Where
     # the class cannot be named (``self.model = language_model_cls(...)``), an inner ``model`` is taken to keep
     # the indices it is given, as every such ``*Model`` method in 0.5.9-0.5.23 does.
@@ -362,8 +349,8 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
                 and isinstance(node.func.value, ast.Attribute)
                 and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self"):
             attribute = node.func.value.attr
-            inner_class = models.attribute_class(cls.name, attribute)
-            inner = inner_class and sglang_capture_rule(models, inner_class, text_config, text_config, depth + 1)
+            inner_class = facts.attribute_class((module_name, cls.name), attribute)
+            inner = inner_class and _capture_rule(facts, inner_class, text_config, text_config, depth + 1)
             if inner is None and attribute == "model":
                 inner = CaptureRule("", lambda ids: None if ids is None else list(ids))
                 notes.append("self.model.set_eagle3_layers_to_capture assumed to keep the indices it is given")
@@ -389,7 +376,7 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
     except Exception:  # a default value naming something of SGLang's: the rule cannot run alone
         return None
     method = namespace[func.name]
-    where = f"{cls.name}.set_eagle3_layers_to_capture ({path.name}, SGLang {models.version})"
+    where = f"{cls.name}.set_eagle3_layers_to_capture ({path.name}, SGLang {facts.version})"
     where += "".join(f"; {note}" for note in notes)
 
     num_layers = text_config.get("num_hidden_layers")
@@ -412,7 +399,7 @@ def sglang_capture_rule(models: SglangModels, architecture: str, config: dict, t
         return record[-1] if record and record[-1] is not None else None
 
     inner_text = next((inner.file_text for inner in delegates.values()), None)
-    return CaptureRule(where, compute, inner_text if inner_text is not None else models.text(path))
+    return CaptureRule(where, compute, inner_text if inner_text is not None else facts.tree.source(module_name))
 
 
 def documented_capture_rule(num_layers: int) -> CaptureRule:
@@ -463,7 +450,7 @@ class Context:
     draft: Checkpoint
     target: Checkpoint | None
     other: Checkpoint | None
-    models: SglangModels | None
+    facts: SglangFacts | None
     text_path: Path
     loader_reads_num_aux: bool = True
     loader_single_layer: bool = False
@@ -473,14 +460,14 @@ class Context:
 def check_architecture(ctx: Context) -> Check:
     archs = ctx.draft.config.get("architectures") or []
     arch = archs[0] if archs else None
-    if ctx.models is None:
+    if ctx.facts is None:
         return Check("architecture", WARN, f"no SGLang installed: architecture not checked (draft says {arch!r};"
                      " use --sglang-source DIR or --sglang-version X)", {"architecture": arch})
-    eagle3 = ctx.models.entry_classes(eagle3_only=True)
-    version = ctx.models.version
+    eagle3 = ctx.facts.entry_classes(eagle3_only=True)
+    version = ctx.facts.version
     data = {"architecture": arch, "sglang_version": version, "eagle3_classes": sorted(eagle3)}
     if arch in eagle3:
-        text = ctx.models.loader_text(arch)
+        text = ctx.facts.loader_text(arch)
         ctx.loader_reads_num_aux = "num_aux_hidden_states" in text
         ctx.loader_single_layer = "only supports 1 layer" in text
         extra = []
@@ -488,12 +475,12 @@ def check_architecture(ctx: Context) -> Check:
             extra.append("its fc takes 3 aux states whatever the config says")
         layers = ctx.draft.get("num_hidden_layers")
         if ctx.loader_single_layer and layers not in (None, 1):
-            return Check("architecture", FAIL, f"{arch} of SGLang {version} ({eagle3[arch].name}) loads 1 decoder"
+            return Check("architecture", FAIL, f"{arch} of SGLang {version} ({ctx.facts.file_name(eagle3[arch])}) loads 1 decoder"
                          f" layer only; config.json has num_hidden_layers={layers}", data)
         return Check("architecture", OK, f"{arch} is an EAGLE-3 draft class of SGLang {version}"
-                     f" ({eagle3[arch].name}){'; ' + '; '.join(extra) if extra else ''}", data)
+                     f" ({ctx.facts.file_name(eagle3[arch])}){'; ' + '; '.join(extra) if extra else ''}", data)
     known = ", ".join(sorted(eagle3)) or "none"
-    if arch in ctx.models.entry_classes():
+    if arch in ctx.facts.entry_classes():
         return Check("architecture", FAIL, f"{arch!r} is a SGLang {version} model but not an EAGLE-3 draft class"
                      f" (those are: {known})", data)
     return Check("architecture", FAIL, f"{arch!r} is unknown to SGLang {version}'s EAGLE-3 loader"
@@ -627,16 +614,16 @@ def check_layer_ids(ctx: Context) -> Check:
     if not isinstance(L, int):
         return Check("layer ids", FAIL, f"target config has no num_hidden_layers ({L!r})", data)
     rule = None
-    if ctx.models is not None and archs[0]:
+    if ctx.facts is not None and archs[0]:
         try:
-            rule = sglang_capture_rule(ctx.models, archs[0], t.config, t.text_config)
+            rule = sglang_capture_rule(ctx.facts, archs[0], t.config, t.text_config)
         except (SyntaxError, ValueError, TypeError):
             rule = None
     if rule is None:
         rule = documented_capture_rule(L)
-        if ctx.models is not None:
+        if ctx.facts is not None:
             rule.source = (f"SGLang's Llama rule (id + 1), assumed: {archs[0]} has no set_eagle3_layers_to_capture"
-                           f" that runs alone in SGLang {ctx.models.version}")
+                           f" that runs alone in SGLang {ctx.facts.version}")
     default_points = rule(None) or documented_capture_rule(L)(None)
     points = rule(ids) if ids is not None else default_points
     data.update(target_layers=L, rule=rule.source, capture_indices=points, default_indices=default_points)
@@ -822,9 +809,8 @@ def check_comparison(ctx: Context) -> Check | None:
 # Command.
 
 
-def sglang_models(source: str | None, version: str | None) -> SglangModels | None:
-    from sglang_pcie.patching.source import installed_sglang_root
-
+def sglang_facts(source: str | None, version: str | None) -> SglangFacts | None:
+    """The SGLang tree to check against: a release's wheel, a folder, or the installed one (None: none)."""
     try:
         if version:
             from sglang_pcie.patching.releases import fetch_source
@@ -833,10 +819,10 @@ def sglang_models(source: str | None, version: str | None) -> SglangModels | Non
         elif source:
             root = Path(source)
         else:
-            root = installed_sglang_root()
+            root = sglang_source_reader.installed_sglang_root()  # looked up here: tests replace it
             if root is None:
                 return None
-        return SglangModels(root)
+        return SglangFacts(SourceTree(root))
     except (ValueError, RuntimeError, OSError) as exc:
         raise InputError(str(exc)) from None
 
@@ -846,7 +832,7 @@ def run_checks(draft: str, target: str | None = None, other: str | None = None, 
     started = time.perf_counter()
     ctx = Context(Checkpoint(draft, "draft"), Checkpoint(target, "target") if target else None,
                   Checkpoint(other, "compare-d2t") if other else None,
-                  sglang_models(sglang_source, sglang_version), Path(text) if text else SAMPLE_TEXT)
+                  sglang_facts(sglang_source, sglang_version), Path(text) if text else SAMPLE_TEXT)
     if text and not ctx.text_path.is_file():
         raise InputError(f"--text {text}: no such file")
     checks = []
@@ -859,7 +845,7 @@ def run_checks(draft: str, target: str | None = None, other: str | None = None, 
                              f" ({type(exc).__name__}: {exc})") from None
         checks.extend(result if isinstance(result, list) else [result] if result else [])
     return {"draft": str(ctx.draft.dir), "target": str(ctx.target.dir) if ctx.target else None,
-            "sglang_version": ctx.models.version if ctx.models else None,
+            "sglang_version": ctx.facts.version if ctx.facts else None,
             "checks": [c.as_dict() for c in checks],
             "result": FAIL if any(c.status == FAIL for c in checks) else OK,
             "seconds": round(time.perf_counter() - started, 3)}

@@ -15,6 +15,7 @@ from sglang_pcie.tools.cli import main as cli_main
 
 from sglang_pcie.tools import check_drafter as cd
 from sglang_pcie.tools import safetensors_io as st
+from sglang_pcie.patching.source import SourceTree
 
 from support import REPO, SUPPORT
 DATA = SUPPORT / "data" / "eagle3-configs"
@@ -247,7 +248,7 @@ def test_safetensors_agrees_with_the_real_library(tmp_path):
 
 
 def test_eagle3_classes_and_loader_behaviour_per_release(src9, src23):
-    m9, m23 = cd.SglangModels(src9), cd.SglangModels(src23)
+    m9, m23 = cd.SglangFacts(SourceTree(src9)), cd.SglangFacts(SourceTree(src23))
     assert sorted(m9.entry_classes(eagle3_only=True)) == ["LlamaForCausalLMEagle3"]
     assert sorted(m23.entry_classes(eagle3_only=True)) == ["Eagle3DeepseekV2ForCausalLM", "LlamaForCausalLMEagle3"]
     # 0.5.9's loader fixes fc at 3 aux states and one decoder layer; 0.5.23 reads the count from the config.
@@ -272,7 +273,7 @@ def test_eagle3_classes_and_loader_behaviour_per_release(src9, src23):
     ("0.5.23", "DeepseekV3ForCausalLM", True, [2, 30, 58], [2, 30, 58]),
 ])
 def test_capture_rule_runs_the_releases_own_method(pristine_source, version, arch, wrapper, ids, expected):
-    models = cd.SglangModels(pristine_source(version))
+    models = cd.SglangFacts(SourceTree(pristine_source(version)))
     text = {"num_hidden_layers": KIMI_LAYERS, "hidden_size": H}
     if wrapper:
         config = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": text}
@@ -287,10 +288,11 @@ def test_capture_rule_runs_the_releases_own_method(pristine_source, version, arc
 def test_every_target_rule_of_a_release_runs_alone(pristine_source, version):
     """Each EntryClass with set_eagle3_layers_to_capture: its own method runs on the stand-in and gives one of
     the two rules the releases have (MindSpore's forwards to a model outside SGLang)."""
-    models = cd.SglangModels(pristine_source(version))
+    models = cd.SglangFacts(SourceTree(pristine_source(version)))
     text = {"num_hidden_layers": 40}
     rules = {name: cd.sglang_capture_rule(models, name, {"text_config": text, **text}, text)
-             for name in sorted(models.entry_classes()) if models.method(name, "set_eagle3_layers_to_capture")}
+             for name in sorted(models.entry_classes())
+             if models.method(models.architecture_class(name), "set_eagle3_layers_to_capture")}
     assert len(rules) > 35
     unresolved = sorted(name for name, rule in rules.items() if rule is None or rule(None) is None)
     assert unresolved == ([] if version == "0.5.9" else ["MindSporeForCausalLM"])
@@ -307,7 +309,7 @@ def test_every_target_rule_of_a_release_runs_alone(pristine_source, version):
 
 def test_kimi_k25_wrapper_has_no_rule_in_0_5_9(src9):
     text = {"num_hidden_layers": KIMI_LAYERS}
-    assert cd.sglang_capture_rule(cd.SglangModels(src9), "KimiK25ForConditionalGeneration", {"text_config": text},
+    assert cd.sglang_capture_rule(cd.SglangFacts(SourceTree(src9)), "KimiK25ForConditionalGeneration", {"text_config": text},
                                   text) is None
 
 
@@ -749,6 +751,6 @@ def test_a_corrupt_cached_wheel_is_an_input_error_and_is_deleted(tmp_path, monke
     wheel.parent.mkdir()
     wheel.write_bytes(b"PK\x03\x04 truncated download")
     with pytest.raises(cd.InputError, match=f"{wheel}: not a readable wheel .*deleted, run again"):
-        cd.sglang_models(None, "0.5.99")
+        cd.sglang_facts(None, "0.5.99")
     assert not wheel.exists()  # the next run fetches it again
     assert not (tmp_path / "src" / "0.5.99").exists() and not (tmp_path / "src" / "0.5.99.partial").exists()
