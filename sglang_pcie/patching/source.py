@@ -57,7 +57,15 @@ class SourceTree:
 
     def path(self, module: str) -> Path | None:
         """File of a dotted module name (``sglang.srt.layers.communicator``), or None if absent."""
-        if module not in self._paths:  # asked thousands of times by name resolution: os.path, once each
+        base = self.root.joinpath(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def _located(self, module: str) -> Path | None:
+        """``path``, looked up once per module: name resolution asks thousands of times."""
+        if module not in self._paths:
             base = os.path.join(self.root, *module.split("."))
             found = next((c for c in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(c)), None)
             self._paths[module] = Path(found) if found else None
@@ -114,34 +122,34 @@ class SourceTree:
         return ".".join(filter(None, [package, node.module]))
 
     def _is_package(self, module: str) -> bool:
-        path = self.path(module)
+        path = self._located(module)
         return path is not None and path.name == "__init__.py"
 
     def origin(self, module: str, name: str, _depth: int = 0) -> tuple[str, str] | None:
         """Where ``from module import name`` finds its value: (defining module, name there), following
         re-exports (``from x import name``, ``from x import *``); None when the name does not resolve. A
         submodule resolves to (``module.name``, ""); a module-level ``__getattr__`` makes any name resolve."""
-        if _depth > 20 or self.path(module) is None:
+        if _depth > 20 or self._located(module) is None:
             return None
         stmt = self._binding(module, name)
         if isinstance(stmt, ast.ImportFrom):
             alias = next(a for a in stmt.names if (a.asname or a.name) == name)
             source = self.absolute(module, stmt)
-            if self.path(source) is None and source.split(".")[0] != "sglang":  # torch, a third-party package
+            if self._located(source) is None and source.split(".")[0] != "sglang":  # torch, a third-party package
                 return source, alias.name
             return self.origin(source, alias.name, _depth + 1) or (
-                (f"{source}.{alias.name}", "") if self.path(f"{source}.{alias.name}") else None)
+                (f"{source}.{alias.name}", "") if self._located(f"{source}.{alias.name}") else None)
         if stmt is not None:
             return module, name
         for star in self._star_imports(module):
-            if self.path(star) is None:
+            if self._located(star) is None:
                 continue
             exported = self._exports(star)
             if (name in exported) if exported is not None else not name.startswith("_"):
                 found = self.origin(star, name, _depth + 1)
                 if found:
                     return found
-        if self._is_package(module) and self.path(f"{module}.{name}"):
+        if self._is_package(module) and self._located(f"{module}.{name}"):
             return f"{module}.{name}", ""
         if self._binding(module, "__getattr__") is not None:
             return module, name
