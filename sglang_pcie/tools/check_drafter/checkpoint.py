@@ -1,10 +1,11 @@
 """Model folders, read without loading weights: config.json, safetensors headers, and the few tensors a check
-asks for (the d2t / t2d maps). A folder is a model folder or a Hugging Face cache entry (``models--org--name``,
+asks for (the d2t / t2d maps, a sample of lm_head / embedding rows). A folder is a model folder or a Hugging Face cache entry (``models--org--name``,
 or one of its ``snapshots/<hash>``); a sharded checkpoint is read through ``model.safetensors.index.json``, one
 shard header per tensor looked up."""
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from sglang_pcie.tools import safetensors_io
@@ -44,6 +45,7 @@ class Checkpoint:
 
     def __init__(self, path: str, role: str):
         self.role = role
+        self.given = path  # as the user gave it
         self.dir = resolve_model_dir(path)
         try:
             self.config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
@@ -54,6 +56,7 @@ class Checkpoint:
         self._check_types()
         self._tensors: dict[str, Path] | None = None
         self._headers: dict[Path, dict] = {}
+        self._data_starts: dict[Path, int] = {}
 
     def _check_types(self) -> None:
         """The numbers the checks use are integers (a quoted "7168" would otherwise multiply as a string)."""
@@ -144,6 +147,45 @@ class Checkpoint:
             return safetensors_io.read_tensor(file, name)[2]
         except (OSError, ValueError) as exc:
             raise InputError(f"{self.role} {file}: {exc}") from None
+
+    def rows(self, name: str, rows: list[int], columns: list[int]) -> list[list[float]]:
+        """Rows of a 2-D float tensor (BF16, F16, F32), each as the floats at ``columns`` (ascending): only the
+        bytes from a row's start to its last column asked for are read, so a 1 TB checkpoint costs kilobytes."""
+        file = self.tensors[name]
+        entry = self._header(file)[name]
+        dtype, (_, width) = entry["dtype"], entry["shape"]
+        size, code = _ROW_CODES[dtype]
+        span = (columns[-1] + 1) * size
+        start = self._data_start(file) + entry["data_offsets"][0]
+        found = []
+        try:
+            with open(file, "rb", buffering=0) as f:
+                for row in rows:
+                    f.seek(start + row * width * size)
+                    values = _decode_row(dtype, code, f.read(span))
+                    found.append([values[c] for c in columns])
+        except (OSError, struct.error) as exc:
+            raise InputError(f"{self.role} {file}: rows of {name!r} unreadable ({exc})") from None
+        return found
+
+    def _data_start(self, file: Path) -> int:
+        """Where the tensor data of a safetensors file begins: after the 8-byte length and the header."""
+        if file not in self._data_starts:
+            with open(file, "rb") as f:
+                self._data_starts[file] = 8 + struct.unpack("<Q", f.read(8))[0]
+        return self._data_starts[file]
+
+
+# The float types a row can be compared in: bytes per element, struct code (BF16: widened to F32).
+_ROW_CODES = {"BF16": (2, "f"), "F16": (2, "e"), "F32": (4, "f")}
+
+
+def _decode_row(dtype: str, code: str, data: bytes) -> tuple[float, ...]:
+    if dtype == "BF16":  # a BF16 is the upper two bytes of an F32: put two zero bytes below each
+        widened = bytearray(2 * len(data))
+        widened[2::4], widened[3::4] = data[0::2], data[1::2]
+        return struct.unpack(f"<{len(data) // 2}f", widened)
+    return struct.unpack(f"<{len(data) // _ROW_CODES[dtype][0]}{code}", data)
 
 
 # -- the drafter's config

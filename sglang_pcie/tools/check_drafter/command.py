@@ -8,6 +8,8 @@ from pathlib import Path
 
 from sglang_pcie.tools.check_drafter.checkpoint import Checkpoint
 from sglang_pcie.tools.check_drafter.context import Context
+from sglang_pcie.tools.check_drafter.head_rows import check_head_rows
+from sglang_pcie.tools.check_drafter.launch_args import check_launch_args
 from sglang_pcie.tools.check_drafter.layer_ids import check_layer_ids
 from sglang_pcie.tools.check_drafter.model_checks import (check_architecture, check_attention, check_embeddings,
                                                           check_input_width, check_target_match)
@@ -19,15 +21,17 @@ from sglang_pcie.tools.command import Command, UsageError
 SAMPLE_TEXT = Path(__file__).parent.parent / "data" / "sample.txt"
 # In report order; each returns a Check, or None where it has nothing to say (no --target, no --compare-d2t).
 CHECKS = (check_architecture, check_input_width, check_attention, check_embeddings, check_target_match,
-          check_layer_ids, check_mapping, check_coverage, check_comparison)
+          check_layer_ids, check_mapping, check_head_rows, check_coverage, check_comparison, check_launch_args)
 
 
 def run_checks(draft: str, target: str | None = None, other: str | None = None, text: str | None = None,
-               sglang_source: str | None = None, sglang_version: str | None = None) -> dict:
+               sglang_source: str | None = None, sglang_version: str | None = None,
+               launch_args: list[str] | None = None) -> dict:
+    """The report of every check; ``launch_args``: the server's launch arguments, where given."""
     started = time.perf_counter()
     ctx = Context(Checkpoint(draft, "draft"), Checkpoint(target, "target") if target else None,
                   Checkpoint(other, "compare-d2t") if other else None,
-                  sglang_facts(sglang_source, sglang_version), Path(text) if text else SAMPLE_TEXT)
+                  sglang_facts(sglang_source, sglang_version), Path(text) if text else SAMPLE_TEXT, launch_args)
     if text and not ctx.text_path.is_file():
         raise InputError(f"--text {text}: no such file")
     checks = []
@@ -74,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         report = run_checks(args.draft, args.target, args.compare_d2t, args.text, args.sglang_source,
-                            args.sglang_version)
+                            args.sglang_version, args.passthrough)
     except InputError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(report, indent=2) if args.json else format_table(report))
@@ -83,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command("check-drafter", "check an EAGLE-3 drafter against its target without loading weights",
                   add_arguments, run,
-                  description="Check an EAGLE-3 drafter (and its fit to a target) from configs and safetensors"
-                              " headers, before a long server start. Exit 0: nothing failed; 1: a check failed; 2:"
-                              " bad usage or unreadable input.")
+                  description="Check an EAGLE-3 drafter (and its fit to a target) from configs, safetensors"
+                              " headers and a few rows, before a long server start; after `--`, the server's launch"
+                              " arguments are checked against the drafter. Exit 0: nothing failed; 1: a check"
+                              " failed; 2: bad usage or unreadable input.",
+                  usage="sglang-pcie check-drafter --draft DIR [--target DIR] [--compare-d2t DIR] [--text FILE]"
+                        " [--json] [--sglang-source DIR | --sglang-version X] [-- <launch_server arguments>]",
+                  passthrough=True)

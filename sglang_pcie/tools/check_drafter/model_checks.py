@@ -108,20 +108,38 @@ def check_embeddings(ctx: Context) -> Check:
     data = {"tie_word_embeddings": bool(d.config.get("tie_word_embeddings")), "draft_vocab_size": draft_vocab,
             "vocab_size": vocab, "lm_head": lm_shape, "embed_tokens": emb_shape, "embed_from": embed_from,
             "lm_head_from": head_from}
-    problems = []
-    if head_from == "draft":
-        if lm_shape is None:
-            problems.append(f"no lm_head.weight in the drafter, yet draft_vocab_size={draft_vocab} makes SGLang"
-                            " use the draft's own")
-        elif list(lm_shape) != [draft_vocab, hidden]:
-            problems.append(f"{lm_name} is {lm_shape}, expected [draft_vocab_size {draft_vocab},"
-                            f" hidden_size {hidden}]")
+    problems = head_problems(d, head_from, lm_name, lm_shape)
     if embed_from == "draft":
         if emb_shape is None:
             problems.append("no embed_tokens.weight in the drafter, yet it cannot share the target's")
         elif list(emb_shape) != [vocab, hidden]:
             problems.append(f"{emb_name} is {emb_shape}, expected [vocab_size {vocab}, hidden_size {hidden}]")
-    return Check("embeddings", FAIL if problems else OK, "; ".join(problems) or words, data)
+    if problems:
+        return Check("embeddings", FAIL, "; ".join(problems), data)
+    if head_from == "target" and lm_shape is not None:
+        return Check("embeddings", WARN, f"{words}; the drafter's own {lm_name} {lm_shape} is loaded, then replaced"
+                     " by the target's: a head trained with the drafter goes unused (give draft_vocab_size to keep"
+                     " it)", data)
+    return Check("embeddings", OK, words, data)
+
+
+def head_problems(d: Checkpoint, head_from: str, lm_name, lm_shape) -> list[str]:
+    """What is wrong with the lm_head SGLang builds for the drafter (see head_and_embeddings)."""
+    hidden, draft_vocab, vocab = d.get("hidden_size"), d.config.get("draft_vocab_size"), d.get("vocab_size")
+    if head_from == "embeddings" and draft_vocab is not None and vocab is not None and draft_vocab < vocab:
+        return [f"tie_word_embeddings with draft_vocab_size {draft_vocab:,} < vocab_size {vocab:,}: SGLang's loader"
+                f" makes lm_head the embedding table ({vocab:,} rows, the target's once shared) and keeps the logits"
+                f" of its first {draft_vocab:,} rows, so draft id i is scored with target token i's row and served"
+                " as target id i + d2t[i]"]
+    if head_from != "draft":
+        return []
+    if lm_shape is None:
+        return [f"no lm_head.weight in the drafter, yet draft_vocab_size={draft_vocab} makes SGLang build the"
+                " draft's own lm_head, which nothing then loads: it keeps its random initialisation and no draft"
+                " is accepted (sglang #27908)"]
+    if list(lm_shape) != [draft_vocab, hidden]:
+        return [f"{lm_name} is {lm_shape}, expected [draft_vocab_size {draft_vocab}, hidden_size {hidden}]"]
+    return []
 
 
 def check_target_match(ctx: Context) -> Check | None:

@@ -23,17 +23,22 @@ def check_mapping(ctx: Context) -> Check:
     d2t_hit, t2d_hit = d.find("d2t"), d.find("t2d")
     data = {"draft_vocab_size": draft_vocab, "target_vocab_size": vocab,
             "d2t": d2t_hit[1]["shape"] if d2t_hit else None, "t2d": t2d_hit[1]["shape"] if t2d_hit else None}
+    too_large = draft_vocab is not None and vocab is not None and draft_vocab > vocab
     if d2t_hit is None:
         if draft_vocab is not None and vocab is not None and draft_vocab < vocab:
             return Check("mapping", FAIL, f"no d2t tensor but draft_vocab_size {draft_vocab} < vocab_size {vocab}:"
                          f" SGLang would take draft ids 0..{draft_vocab - 1} as target ids", data)
+        if too_large:
+            return Check("mapping", FAIL, f"no d2t tensor and draft_vocab_size {count(draft_vocab)} > the target's"
+                         f" vocabulary {count(vocab)}: SGLang serves draft id i as target id i, and draft ids"
+                         f" {count(vocab)}..{count(draft_vocab - 1)} are no token of the target", data)
         return Check("mapping", OK, "no d2t: the drafter predicts over the full target vocabulary", data)
     name, entry = d2t_hit
     if len(entry["shape"]) != 1 or entry["dtype"] not in ("I64", "I32"):
         return Check("mapping", FAIL, f"{name} is {entry['dtype']} {entry['shape']}, expected I64"
                      f" [draft_vocab_size {draft_vocab}]", data)
     n = entry["shape"][0]
-    problems = []
+    problems = [f"draft_vocab_size {count(draft_vocab)} > the target's vocabulary {count(vocab)}"] if too_large else []
     if draft_vocab is not None and n != draft_vocab:
         problems.append(f"{name} has {count(n)} entries, draft_vocab_size is {count(draft_vocab)}")
     target_ids = ctx.draft_ids = draft_target_ids(d.read(name))
@@ -115,11 +120,15 @@ def check_coverage(ctx: Context) -> Check:
     vocab = set(ctx.draft_ids)
     inside = sum(1 for t in tokens if t in vocab)
     share = inside / len(tokens)
-    status = FAIL if share < COVERAGE_FAIL else WARN if share < COVERAGE_WARN else OK
-    return Check("coverage", status, f"{share:.1%} of the {count(len(tokens))} target tokens of"
+    return Check("coverage", coverage_status(share), f"{share:.1%} of the {count(len(tokens))} target tokens of"
                  f" {ctx.text_path.name} are in the draft vocabulary ({count(len(vocab))} ids; healthy:"
                  f" >= {COVERAGE_WARN:.0%})", {"share": round(share, 4), "tokens": len(tokens),
                                                 "text": str(ctx.text_path)})
+
+
+def coverage_status(share: float) -> str:
+    """fail below COVERAGE_FAIL, warn below COVERAGE_WARN (each bound itself passes)."""
+    return FAIL if share < COVERAGE_FAIL else WARN if share < COVERAGE_WARN else OK
 
 
 def check_comparison(ctx: Context) -> Check | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,16 @@ def frequent_ids_fixture(tokenizer_json) -> list[int]:
     return sorted(ranked[:DRAFT_VOCAB])
 
 
+def random_rows(rows: int, width: int, seed: int) -> tuple:
+    """A BF16 matrix of random values in [-1, 1): rows that differ from one another like a model's."""
+    rng = random.Random(seed)
+    return "BF16", (rows, width), st.pack("BF16", [rng.uniform(-1, 1) for _ in range(rows * width)])
+
+
 def make_target(folder: Path, tokenizer_json: Path | None = None, *, layers: int = KIMI_LAYERS,
                 arch: str = "DeepseekV3ForCausalLM", hidden: int = H, vocab: int = TARGET_VOCAB,
-                wrapper: bool = False, shards: int = 1, layer_tensors: int = 0) -> Path:
+                wrapper: bool = False, shards: int = 1, layer_tensors: int = 0, weights: bool = False) -> Path:
+    """A target with zero weights (holes), or with ``weights`` random embedding and lm_head rows."""
     folder.mkdir(parents=True, exist_ok=True)
     text = {"hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": vocab,
             "num_attention_heads": HEADS, "head_dim": HEAD_DIM}
@@ -68,8 +76,8 @@ def make_target(folder: Path, tokenizer_json: Path | None = None, *, layers: int
     else:
         config = {"architectures": [arch], **text}
     (folder / "config.json").write_text(json.dumps(config))
-    tensors = {"model.embed_tokens.weight": zeros("BF16", (vocab, hidden)),
-               "lm_head.weight": zeros("BF16", (vocab, hidden))}
+    tensors = {"model.embed_tokens.weight": random_rows(vocab, hidden, 1) if weights else zeros("BF16", (vocab, hidden)),
+               "lm_head.weight": random_rows(vocab, hidden, 2) if weights else zeros("BF16", (vocab, hidden))}
     for layer in range(layer_tensors):
         for part in ("q_proj", "k_proj", "v_proj", "o_proj"):
             tensors[f"model.layers.{layer}.self_attn.{part}.weight"] = zeros("BF16", (1, 1))
@@ -91,8 +99,12 @@ def make_target(folder: Path, tokenizer_json: Path | None = None, *, layers: int
 def make_draft(folder: Path, target_ids: list[int], *, layer_ids=(2, 30, 58), hidden: int = H,
                target_hidden: int | None = None, fc_aux: int = 3, draft_vocab: int | None = DRAFT_VOCAB,
                vocab: int = TARGET_VOCAB, t2d_ids: list[int] | None = None, with_t2d: bool = True,
-               extra_config: dict | None = None) -> Path:
-    """An EAGLE-3 drafter whose draft id i stands for target id ``target_ids[i]``."""
+               extra_config: dict | None = None, head_from: Path | None = None,
+               head_rows: list[int] | None = None, with_head: bool | None = None) -> Path:
+    """An EAGLE-3 drafter whose draft id i stands for target id ``target_ids[i]``. Its lm_head is zeros, or with
+    ``head_from`` (a target folder) row i is that target's embedding row of ``head_rows[i]`` (default
+    ``target_ids[i]``: a head built from the target's rows under its own map). Without draft_vocab_size SGLang
+    takes the target's lm_head, and such a checkpoint has none (``with_head`` overrides)."""
     folder.mkdir(parents=True, exist_ok=True)
     target_hidden = target_hidden or hidden
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
@@ -110,14 +122,33 @@ def make_draft(folder: Path, target_ids: list[int], *, layer_ids=(2, 30, 58), hi
         "midlayer.self_attn.v_proj.weight": zeros("BF16", (HEADS * HEAD_DIM, 2 * hidden)),
         "midlayer.hidden_norm.weight": zeros("BF16", (hidden,)),
         "norm.weight": zeros("BF16", (hidden,)),
-        "lm_head.weight": zeros("BF16", (len(target_ids), hidden)),
+        "lm_head.weight": (zeros("BF16", (len(target_ids), hidden)) if head_from is None else
+                           embedding_rows(head_from, head_rows or target_ids)),
         "d2t": ("I64", (len(target_ids),), st.pack("I64", [t - i for i, t in enumerate(target_ids)])),
     }
+    if not (with_head if with_head is not None else draft_vocab is not None):
+        del tensors["lm_head.weight"]
     if with_t2d:
         marked = set(target_ids if t2d_ids is None else t2d_ids)
         tensors["t2d"] = ("BOOL", (vocab,), st.pack("BOOL", [j in marked for j in range(vocab)]))
     st.write_safetensors(folder / "model.safetensors", tensors)
     return folder
+
+
+def embedding_rows(target: Path, ids: list[int]) -> tuple:
+    """The target's embedding rows of ``ids``, as a BF16 matrix."""
+    file = target / "model.safetensors"
+    _, (_, width), values = st.read_tensor(file, "model.embed_tokens.weight")
+    return "BF16", (len(ids), width), st.pack("BF16", [v for i in ids for v in values[i * width:(i + 1) * width]])
+
+
+def raw_tensors(file: Path) -> dict:
+    """Every tensor of a safetensors file as (dtype, shape, its bytes), to write back with some replaced."""
+    with open(file, "rb") as f:
+        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        data = f.read()
+    return {name: (e["dtype"], e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]])
+            for name, e in st.read_header(file).items()}
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
@@ -148,7 +179,8 @@ def src9_fixture(pristine_source) -> Path:
 
 @pytest.fixture(name="pair")
 def pair_fixture(tmp_path, tokenizer_json, frequent_ids):
-    """A healthy Kimi-like target (61 layers) and its drafter trained on [2, 30, 58]."""
-    target = make_target(tmp_path / "target", tokenizer_json)
-    draft = make_draft(tmp_path / "draft", frequent_ids)
+    """A healthy Kimi-like target (61 layers) and its drafter trained on [2, 30, 58], its lm_head rows built from
+    the target's embedding rows under its map."""
+    target = make_target(tmp_path / "target", tokenizer_json, weights=True)
+    draft = make_draft(tmp_path / "draft", frequent_ids, head_from=target)
     return target, draft

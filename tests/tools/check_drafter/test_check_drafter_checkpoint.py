@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from drafter_models import check, make_draft, make_target, run_cli
+from drafter_models import (DRAFT_VOCAB, TARGET_VOCAB, H, by_name, check, make_draft, make_target, random_rows,
+                            run_cli)
 from drafter_models import (frequent_ids_fixture, pair_fixture, src23_fixture,  # noqa: F401 (fixtures)
                             tokenizer_json_fixture)
 from sglang_pcie.tools import safetensors_io as st
+from sglang_pcie.tools.check_drafter import checkpoint
 
 
 def test_safetensors_roundtrip_and_single_tensor_read(tmp_path):
@@ -110,7 +112,8 @@ def test_hugging_face_cache_entry_and_sharded_target(capsys, tmp_path, tokenizer
 
 
 def test_reads_headers_and_maps_only(capsys, tmp_path, tokenizer_json, frequent_ids, monkeypatch):
-    """A sharded target of 200 GiB (sparse files) costs kilobytes of reading: headers, d2t and t2d only."""
+    """A sharded target of 200 GiB (sparse files) costs kilobytes of reading: headers, d2t and t2d, and the 64
+    sampled rows of the drafter's lm_head and of the target's embed_tokens and lm_head."""
     target = make_target(tmp_path / "target", tokenizer_json, shards=4, layer_tensors=2)
     for shard in range(4):  # one 50 GiB hole per shard, listed in the index like real weights
         file = target / f"model-{shard + 1:05d}-of-00004.safetensors"
@@ -123,6 +126,11 @@ def test_reads_headers_and_maps_only(capsys, tmp_path, tokenizer_json, frequent_
     (target / "model.safetensors.index.json").write_text(json.dumps(index))
     assert sum(f.stat().st_size for f in target.glob("*.safetensors")) > 200 * 2 ** 30
     draft = make_draft(tmp_path / "draft", frequent_ids)
+    tensors = {n: (e["dtype"], e["shape"], None) for n, e in st.read_header(draft / "model.safetensors").items()}
+    tensors["lm_head.weight"] = random_rows(DRAFT_VOCAB, H, 3)
+    tensors["d2t"] = ("I64", (DRAFT_VOCAB,), st.pack("I64", [t - i for i, t in enumerate(frequent_ids)]))
+    tensors["t2d"] = ("BOOL", (TARGET_VOCAB,), st.pack("BOOL", [j in set(frequent_ids) for j in range(TARGET_VOCAB)]))
+    st.write_safetensors(draft / "model.safetensors", tensors)
     read = []
     real_open = open
 
@@ -145,8 +153,10 @@ def test_reads_headers_and_maps_only(capsys, tmp_path, tokenizer_json, frequent_
             return self.f.seek(*args)
 
     monkeypatch.setattr(st, "open", Counting, raising=False)
+    monkeypatch.setattr(checkpoint, "open", Counting, raising=False)
     code, report = check(capsys, "--draft", draft, "--target", target)
     assert code == 0, report
+    assert by_name(report)["lm_head rows"]["reason"].startswith("cannot tell: the sampled target rows are zero")
     assert 0 < sum(read) < 64 * 1024, read
 
 

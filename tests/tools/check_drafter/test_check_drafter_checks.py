@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from drafter_models import TARGET_VOCAB, by_name, check, make_draft, make_target, run_cli
+from drafter_models import (DRAFT_VOCAB, H, HEAD_DIM, HEADS, TARGET_VOCAB, by_name, check, make_draft, make_target,
+                            raw_tensors, run_cli)
+from sglang_pcie.tools import safetensors_io as st
 from drafter_models import (frequent_ids_fixture, pair_fixture, src23_fixture, src9_fixture,  # noqa: F401 (fixtures)
                             tokenizer_json_fixture)
 
@@ -147,3 +149,64 @@ def test_unknown_architecture(capsys, tmp_path, frequent_ids, src23):
     assert code == 1
     assert "'LlamaForCausalLM' is a SGLang 0.5.23 model but not an EAGLE-3 draft class" in \
         by_name(report)["architecture"]["reason"]
+
+
+@pytest.mark.parametrize("kv_heads, k_rows, status", [(2, 2 * HEAD_DIM, "ok"), (2, HEADS * HEAD_DIM, "fail")])
+def test_k_proj_shape_against_the_kv_heads(capsys, tmp_path, pair, frequent_ids, kv_heads, k_rows, status):
+    """k_proj has num_key_value_heads x head_dim rows (grouped-query attention), whatever q_proj has."""
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", frequent_ids, extra_config={"num_key_value_heads": kv_heads})
+    tensors = raw_tensors(draft / "model.safetensors")
+    tensors["midlayer.self_attn.k_proj.weight"] = ("BF16", (k_rows, 2 * H), None)
+    st.write_safetensors(draft / "model.safetensors", tensors)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    attention = by_name(report)["attention"]
+    assert attention["status"] == status
+    if status == "fail":
+        assert attention["reason"] == f"midlayer.self_attn.k_proj.weight is [{k_rows}, {2 * H}], config gives" \
+                                      f" [{kv_heads * HEAD_DIM}, {2 * H}]"
+
+
+@pytest.mark.parametrize("layer_ids, shift", [([2, 30, 58], "+1"), ([0, 28, 56], "-1")])
+def test_layer_ids_shifted_by_one(capsys, tmp_path, tokenizer_json, frequent_ids, src23, layer_ids, shift):
+    """The default points of a 61-layer Llama target are the outputs of layers 1, 29, 57 ([1, 29, 57] as ids):
+    ids one off either way capture the neighbours, which is right only for a drafter trained on those."""
+    target = make_target(tmp_path / "target", tokenizer_json, arch="LlamaForCausalLM")
+    draft = make_draft(tmp_path / "draft", frequent_ids, layer_ids=layer_ids)
+    code, report = check(capsys, "--draft", draft, "--target", target, "--sglang-source", src23)
+    ids = by_name(report)["layer ids"]
+    assert code == 0 and ids["status"] == "warn"
+    assert f"they are the default capture points shifted by {shift} layer" in ids["reason"]
+
+
+@pytest.mark.parametrize("draft_vocab, status", [(DRAFT_VOCAB, "fail"), (TARGET_VOCAB, "ok")])
+def test_tied_embeddings_with_a_reduced_vocabulary(capsys, tmp_path, pair, frequent_ids, draft_vocab, status):
+    target, _ = pair
+    ids = frequent_ids if draft_vocab == DRAFT_VOCAB else list(range(TARGET_VOCAB))
+    draft = make_draft(tmp_path / "draft", ids, draft_vocab=draft_vocab, extra_config={"tie_word_embeddings": True})
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    embeddings = by_name(report)["embeddings"]
+    assert embeddings["status"] == status
+    if status == "fail":
+        assert embeddings["reason"].startswith(f"tie_word_embeddings with draft_vocab_size {DRAFT_VOCAB} < vocab_size"
+                                               f" {TARGET_VOCAB}: SGLang's loader makes lm_head the embedding table")
+
+
+def test_a_missing_lm_head(capsys, tmp_path, pair, frequent_ids):
+    """draft_vocab_size given, no lm_head.weight: SGLang's fresh lm_head keeps its random initialisation."""
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", frequent_ids, with_head=False)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    embeddings = by_name(report)["embeddings"]
+    assert code == 1 and embeddings["status"] == "fail"
+    assert "keeps its random initialisation and no draft is accepted (sglang #27908)" in embeddings["reason"]
+
+
+def test_an_lm_head_that_sglang_replaces_by_the_targets(capsys, tmp_path, pair):
+    """No draft_vocab_size: SGLang loads the drafter's lm_head, then replaces it by the target's."""
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", list(range(TARGET_VOCAB)), draft_vocab=None, with_head=True)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    embeddings = by_name(report)["embeddings"]
+    assert code == 0 and embeddings["status"] == "warn"
+    assert "a head trained with the drafter goes unused (give draft_vocab_size to keep it)" in embeddings["reason"]

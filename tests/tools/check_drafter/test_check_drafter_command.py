@@ -1,8 +1,11 @@
 """The command: bad usage, the sample text in the wheel, the CLI in a real process."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from drafter_models import run_cli
 from drafter_models import frequent_ids_fixture, pair_fixture, tokenizer_json_fixture  # noqa: F401 (fixtures)
@@ -29,3 +32,57 @@ def test_cli_delegates(tmp_path, pair):
     assert proc.stdout.splitlines()[0] == f"drafter {draft}"
     assert "check-drafter" in subprocess.run([sys.executable, "-m", "sglang_pcie", "--help"], capture_output=True,
                                              text=True, cwd=REPO).stdout
+
+
+# -- the server's launch arguments, after `--`
+
+EAGLE3 = ["--speculative-algorithm", "EAGLE3"]
+
+
+@pytest.mark.parametrize("arguments, status, words", [
+    (["--speculative-algorithm", "EAGLE"], "fail", "SGLang runs it as EAGLE, the target captures no aux hidden states"
+                                                   " and d2t is not read, so no draft is accepted"),
+    (["--speculative-algorithm=NEXTN"], "fail", "use --speculative-algorithm EAGLE3"),
+    ([], "warn", "no --speculative-algorithm: the server runs without the drafter"),
+    (EAGLE3, "ok", "steps, topk and draft tokens left to SGLang's automatic choice"),
+    (EAGLE3 + ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
+     "ok", "3 steps, topk 1, 4 draft tokens (a chain)"),
+    (EAGLE3 + ["--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
+     "warn", "--speculative-num-draft-tokens 4 with topk 1: SGLang replaces it by steps + 1 = 6"),
+    (EAGLE3 + ["--speculative-num-steps", "3"], "fail", "without --speculative-eagle-topk: SGLang compares the unset"
+                                                        " topk with 1 (TypeError at start)"),
+    (EAGLE3 + ["--speculative-eagle-topk", "1"], "fail", "without --speculative-num-steps: SGLang asserts they are"
+                                                         " unset"),
+    (EAGLE3 + ["--speculative-num-steps", "2", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "21"],
+     "ok", "2 steps, topk 4, 21 draft tokens of 20 candidates"),
+    (EAGLE3 + ["--speculative-num-steps", "2", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "22"],
+     "fail", "the tree of 2 steps x topk 4 holds 20 candidates (topk + (steps - 1) x topk^2), SGLang asks for the"
+             " best 21"),
+    (EAGLE3 + ["--speculative-num-steps", "three"], "fail", "--speculative-num-steps 'three' is not an integer"),
+    (EAGLE3 + ["--speculative-num-steps", "0"], "fail", "--speculative-num-steps 0 must be at least 1"),
+    (EAGLE3 + ["--speculative-token-map", "map.pt"], "warn", "--speculative-token-map is ignored with EAGLE3"),
+])
+def test_launch_arguments(capsys, pair, arguments, status, words):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "--draft", draft, "--target", target, "--json", "--", *arguments)
+    found = {c["check"]: c for c in json.loads(out)["checks"]}["launch args"]
+    assert (found["status"], code) == (status, int(status == "fail"))
+    assert words in found["reason"]
+
+
+def test_launch_arguments_name_another_drafter(capsys, tmp_path, pair):
+    target, draft = pair
+    other = tmp_path / "other"
+    other.mkdir()
+    code, out, _ = run_cli(capsys, "--draft", draft, "--target", target, "--json", "--", *EAGLE3,
+                           "--speculative-draft-model-path", other, "--model-path", target)
+    found = {c["check"]: c for c in json.loads(out)["checks"]}["launch args"]
+    assert found["status"] == "warn"
+    assert found["reason"].startswith(f"--speculative-draft-model-path {other} is not the drafter checked here")
+    assert "--model-path" not in found["reason"]  # the target checked is the one the server loads
+
+
+def test_without_launch_arguments_there_is_no_launch_check(capsys, pair):
+    target, draft = pair
+    code, out, _ = run_cli(capsys, "--draft", draft, "--target", target, "--json")
+    assert "launch args" not in {c["check"] for c in json.loads(out)["checks"]}

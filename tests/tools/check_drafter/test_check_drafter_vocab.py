@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import random
 
-from drafter_models import DRAFT_VOCAB, TARGET_VOCAB, by_name, check, make_draft, make_target
+import pytest
+
+from drafter_models import DRAFT_VOCAB, TARGET_VOCAB, by_name, check, make_draft, make_target, raw_tensors
 from drafter_models import (frequent_ids_fixture, pair_fixture, src23_fixture,  # noqa: F401 (fixtures)
                             tokenizer_json_fixture)
 from sglang_pcie.tools import safetensors_io as st
+from sglang_pcie.tools.check_drafter import vocab
 
 
 def test_wrong_d2t_against_reference_drafter(capsys, tmp_path, pair, frequent_ids, src23):
@@ -110,3 +113,56 @@ def test_coverage_with_own_text(capsys, tmp_path, pair):
     cov = by_name(report)["coverage"]
     assert cov["text"] == str(text) and cov["share"] < by_name(check(
         capsys, "--draft", draft, "--target", target)[1])["coverage"]["share"]
+
+
+@pytest.mark.parametrize("last, status", [(TARGET_VOCAB - 1, "ok"), (TARGET_VOCAB, "fail")])
+def test_d2t_upper_bound_is_the_vocabulary_size(capsys, tmp_path, pair, frequent_ids, last, status):
+    """i + d2t[i] may be vocab_size - 1, never vocab_size."""
+    target, _ = pair
+    ids = [t for t in frequent_ids if t < TARGET_VOCAB - 1][:DRAFT_VOCAB - 1] + [last]
+    draft = make_draft(tmp_path / "draft", ids, t2d_ids=[t for t in ids if t < TARGET_VOCAB])
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    mapping = by_name(report)["mapping"]
+    if status == "ok":
+        assert mapping["status"] == "ok" and mapping["reason"].startswith("d2t maps 256 draft ids to distinct target"
+                                                                          " ids in 0..511")
+    else:
+        assert mapping["status"] == "fail"
+        assert f"1 target id out of range 0..511 (first: draft id {DRAFT_VOCAB - 1} -> 512)" in mapping["reason"]
+
+
+@pytest.mark.parametrize("with_d2t", [False, True])
+def test_draft_vocabulary_larger_than_the_targets(capsys, tmp_path, pair, with_d2t):
+    target, _ = pair
+    ids = list(range(TARGET_VOCAB)) + [TARGET_VOCAB + i for i in range(8)]
+    draft = make_draft(tmp_path / "draft", ids, draft_vocab=TARGET_VOCAB + 8, with_t2d=False)
+    if not with_d2t:
+        tensors = raw_tensors(draft / "model.safetensors")
+        del tensors["d2t"]
+        st.write_safetensors(draft / "model.safetensors", tensors)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    mapping = by_name(report)["mapping"]
+    assert code == 1 and mapping["status"] == "fail"
+    if with_d2t:
+        assert mapping["reason"].startswith("draft_vocab_size 520 > the target's vocabulary 512")
+    else:
+        assert mapping["reason"] == ("no d2t tensor and draft_vocab_size 520 > the target's vocabulary 512: SGLang"
+                                     " serves draft id i as target id i, and draft ids 512..519 are no token of the"
+                                     " target")
+
+
+@pytest.mark.parametrize("share, status", [(0.80, "ok"), (0.7999, "warn"), (0.50, "warn"), (0.4999, "fail")])
+def test_coverage_thresholds(share, status):
+    """Coverage of 80% passes, just below warns; 50% still warns, just below fails."""
+    assert vocab.coverage_status(share) == status
+    assert (vocab.COVERAGE_WARN, vocab.COVERAGE_FAIL) == (0.80, 0.50)
+
+
+def test_coverage_below_the_fail_threshold(capsys, tmp_path, pair, tokenizer_json, frequent_ids):
+    """A draft vocabulary of the text's rarest tokens: most of the sample's tokens are outside it."""
+    target, _ = pair
+    rare = [t for t in range(TARGET_VOCAB) if t not in frequent_ids][:DRAFT_VOCAB]
+    draft = make_draft(tmp_path / "draft", sorted(rare))
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    coverage = by_name(report)["coverage"]
+    assert code == 1 and coverage["status"] == "fail" and coverage["share"] < vocab.COVERAGE_FAIL
