@@ -31,7 +31,7 @@ class SourceTree:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         if not (self.root / "sglang" / "__init__.py").is_file():
-            raise ValueError(f"no sglang package under {str(self.root)!r}")
+            raise ValueError(_not_a_tree(self.root))
         # Each module is read and parsed once, so the patches' checks share the work; they never modify it.
         self._sources: dict[str, str | None] = {}
         self._trees: dict[str, ast.Module | None] = {}
@@ -425,6 +425,16 @@ def _is_abstract(func: ast.FunctionDef) -> bool:
     body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Raise) and "NotImplementedError" in ast.unparse(s))
                for s in body)
+
+
+def _not_a_tree(root: Path) -> str:
+    """Why ``root`` holds no sglang package, with the folder to give where that can be told."""
+    if root.is_file():
+        return f"{str(root)!r} is a file, not a folder: give the folder that holds the sglang package"
+    said = f"no sglang package under {str(root)!r}"
+    if (root / "__init__.py").is_file() and root.name == "sglang":
+        return f"{said}: that is the sglang package itself; give its parent folder {str(root.parent)!r}"
+    return said
 
 
 def installed_sglang_root() -> Path | None:

@@ -189,3 +189,16 @@ def test_the_cheap_reading_agrees_with_a_full_parse_on_every_model_module(pristi
                 assert (cheap.kind, cheap.name) == ("def", name) and isinstance(stmt, ast.FunctionDef), name
             else:
                 assert ast.dump(cheap) == ast.dump(stmt), (module, name)
+
+
+def test_a_folder_that_is_not_a_tree_says_what_to_give(tmp_path):
+    """The package folder itself gets its parent named; a file is called a file; elsewhere, the plain error."""
+    write_tree(tmp_path, {"sglang/srt/__init__.py": ""})
+    with pytest.raises(ValueError, match=f"no sglang package under '{tmp_path / 'sglang'}': that is the sglang"
+                                         f" package itself; give its parent folder '{tmp_path}'"):
+        SourceTree(tmp_path / "sglang")
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ValueError, match=f"'{tmp_path / 'notes.txt'}' is a file, not a folder"):
+        SourceTree(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match=f"^no sglang package under '{tmp_path / 'srt'}'$"):
+        SourceTree(tmp_path / "srt")

@@ -21,6 +21,8 @@ def resolve_model_dir(path: str) -> Path:
     """The folder holding config.json: ``path`` itself, or for a Hugging Face cache entry
     (``models--org--name``) the snapshot ``refs/main`` names (the only snapshot when there is no ref)."""
     folder = Path(path).expanduser()
+    if folder.is_file():
+        raise InputError(f"{path}: is a file, not a folder (give the model folder that holds config.json)")
     if not folder.is_dir():
         raise InputError(f"{path}: no such folder")
     if (folder / "config.json").is_file():

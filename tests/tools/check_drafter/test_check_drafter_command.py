@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from drafter_models import run_cli
-from drafter_models import frequent_ids_fixture, pair_fixture, tokenizer_json_fixture  # noqa: F401 (fixtures)
+from sglang_pcie.tools.cli import main as cli_main
+from drafter_models import (frequent_ids_fixture, pair_fixture, src23_fixture,  # noqa: F401 (fixtures)
+                            tokenizer_json_fixture)
 from support import REPO
 
 
@@ -86,3 +91,52 @@ def test_without_launch_arguments_there_is_no_launch_check(capsys, pair):
     target, draft = pair
     code, out, _ = run_cli(capsys, "--draft", draft, "--target", target, "--json")
     assert "launch args" not in {c["check"] for c in json.loads(out)["checks"]}
+
+
+# -- the front door
+
+def test_json_into_a_closed_pipe_ends_quietly(pair):
+    """`check-drafter ... --json | head`: a reader that left makes the write fail; the command ends with the
+    shell's status for it (141) and no traceback. The pipe's read end is closed before the command starts, so
+    the first write fails however fast the reader would have been."""
+    target, draft = pair
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sglang_pcie", "check-drafter", "--draft", str(draft),
+                               "--target", str(target), "--json"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, timeout=300)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_json_through_head_ends_quietly(pair):
+    """The same through a real `head -c 1`, as a user types it."""
+    target, draft = pair
+    proc = subprocess.run(f"{shlex.quote(sys.executable)} -m sglang_pcie check-drafter --draft {shlex.quote(str(draft))}"
+                          f" --target {shlex.quote(str(target))} --json | head -c 1; exit ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.stdout == "{" and proc.stderr == ""
+    assert proc.returncode in (0, 141)  # 0 where the whole report fit in the pipe before head left
+
+
+@pytest.mark.parametrize("case", ["package folder", "file"])
+def test_sglang_source_that_is_not_the_folder_to_give(capsys, tmp_path, pair, src23, case):
+    target, draft = pair
+    given = Path(src23) / "sglang" if case == "package folder" else draft / "config.json"
+    code, out, err = run_cli(capsys, "--draft", draft, "--sglang-source", given)
+    assert code == 2 and out == ""
+    said = (f"that is the sglang package itself; give its parent folder '{src23}'" if case == "package folder"
+            else "is a file, not a folder")
+    assert said in err
+    if case == "package folder":  # verify-patches reads through the same SourceTree
+        assert cli_main(["verify-patches", "--sglang-source", str(given)]) == 2
+        assert said in capsys.readouterr().err
+
+
+def test_a_file_where_a_model_folder_is_expected(capsys, pair):
+    target, draft = pair
+    code, out, err = run_cli(capsys, "--draft", draft / "config.json", "--target", target)
+    assert code == 2 and err.strip() == (f"sglang-pcie check-drafter: error: {draft / 'config.json'}: is a file, not"
+                                         " a folder (give the model folder that holds config.json)")
