@@ -23,7 +23,6 @@ import ast
 import linecache
 import logging
 import re
-import textwrap
 from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
@@ -197,215 +196,75 @@ def summarize(wrappers: list[Wrapper]) -> str:
 
 # -- static: the model classes
 #
-# Parsing every file of srt/models with ast takes most of a second, so the text is outlined with regular
-# expressions (classes, bases, members, imports: a filter) and only the classes that look like wrappers are
-# parsed with ast.  Modules are named by their dotted name; bases and imported names are followed into any module
-# of the tree (a mixin in sglang/srt/layers counts), never outside it.
+# Parsing every file of srt/models takes more than a second, so SourceTree's text filters come first (the classes
+# a module's text shows, which of them mention set_eagle3_layers_to_capture or assign ``self.x = Name(...)``) and
+# only the classes that look like wrappers, and the classes their names resolve to, are parsed.  Names resolve as
+# Python imports them, into any module of the tree (a mixin in sglang/srt/layers counts), never outside it.
 
-# Patterns start with a literal (not ^) so that re can skip ahead quickly; the module text is prefixed with "\n".
-_CLASS_HEADER = re.compile(r"\nclass\s+(\w+)\s*(?:\(([^)]*)\))?\s*:")
-_TOP_LEVEL_LINE = re.compile(r"\n[^\s#)\]}]")  # a line starting a top-level statement
-_MEMBER = re.compile(r"\n    (?:(?:async\s+)?def\s+(\w+)\s*\(|(\w+)\s*(?::[^=\n]*)?=[^=])")
-_FROM_IMPORT = re.compile(r"\nfrom\s+(sglang[\w.]*|\.+[\w.]*)\s+import\s+(?:\([^)]*\)|[^\n]*)")
-_MODULE_IMPORT = re.compile(r"\nimport\s+(sglang(?:\.\w+)+)\s+as\s+(\w+)")
 _SELF_CALL_ASSIGN = re.compile(r"self\.\w+\s*(?::[^=\n]*)?=\s*([\w.]+)\s*\(")
 
 
-@dataclass
-class _ClassOutline:
-    bases: list[str]  # each base as written (dotted), subscripts dropped
-    members: set[str]  # methods and class attributes defined in the body
-    start: int  # character offsets of the class statement in the module text
-    end: int
+def capable_names(tree: SourceTree, models: list[str]) -> set[str]:
+    """Names of the model classes that may be EAGLE-3-capable (a filter: names only, bases matched by name)."""
+    method = f"def {CAPABLE[0]}"
+    names = {name for module in models if method in tree.source(module)
+             for name, definition in tree.classes(module).items() if method in definition.text}
+    bases = {name: definition.bases for module in models for name, definition in tree.classes(module).items()}
+    while True:
+        more = {name for name, listed in bases.items() if name not in names
+                and any(b.rsplit(".", 1)[-1] in names for b in listed)}
+        if not more:
+            return names
+        names |= more
 
 
-def _outline(text: str) -> dict[str, _ClassOutline]:
-    classes = {}
-    for header in _CLASS_HEADER.finditer(text):
-        following = _TOP_LEVEL_LINE.search(text, header.end())
-        end = following.start() + 1 if following else len(text)
-        bases = [b.split("[")[0].strip() for b in (header.group(2) or "").split(",") if b.strip() and "=" not in b]
-        members = {m.group(1) or m.group(2) for m in _MEMBER.finditer(text, header.end(), end)}
-        classes[header.group(1)] = _ClassOutline(bases, members, header.start() + 1, end)
-    return classes
+def is_capable(tree: SourceTree, module: str, name: str) -> bool:
+    """Whether the class a (dotted) name of ``module`` refers to has both CAPABLE methods, own or inherited."""
+    found = tree.class_at(module, name)
+    return bool(found) and all(tree.member_owner(*found, m) for m in CAPABLE)
 
 
-class SourceModels:
-    """The model classes of ``sglang/srt/models`` in a source tree, and the modules their names lead to."""
-
-    def __init__(self, tree: SourceTree):
-        self.tree = tree
-        folder = tree.root / "sglang" / "srt" / "models"
-        self.models = [f"{MODELS}.{p.stem}" for p in sorted(folder.glob("*.py"))]
-        self._texts: dict[str, str | None] = {}
-        self._outlines: dict[str, dict[str, _ClassOutline]] = {}
-        self._imports: dict[str, dict[str, tuple[str, str]]] = {}
-        self._offers: dict[tuple[str, str, str], bool] = {}
-        self._asts: dict[tuple[str, str], tuple[ast.ClassDef, int]] = {}
-
-    def text(self, module: str) -> str | None:
-        """The module's source with "\\n" put first (so that the first line matches the patterns), or None."""
-        if module not in self._texts:
-            source = self.tree.source(module)
-            self._texts[module] = None if source is None else "\n" + source.lstrip("\ufeff")
-        return self._texts[module]
-
-    def outline(self, module: str) -> dict[str, _ClassOutline]:
-        if module not in self._outlines:
-            text = self.text(module)
-            self._outlines[module] = _outline(text) if text is not None else {}
-        return self._outlines[module]
-
-    def capable_names(self) -> set[str]:
-        """Names of the model classes that may be EAGLE-3-capable (a filter: names only, bases matched by name)."""
-        texts = {module: self.text(module) for module in self.models}
-        names = {name for module, text in texts.items() if f"def {CAPABLE[0]}" in text
-                 for name, outline in self.outline(module).items() if CAPABLE[0] in outline.members}
-        bases = {name: outline.bases for module in texts for name, outline in self.outline(module).items()}
-        while True:
-            more = {name for name, listed in bases.items() if name not in names
-                    and any(b.rsplit(".", 1)[-1] in names for b in listed)}
-            if not more:
-                return names
-            names |= more
-
-    def imports(self, module: str) -> dict[str, tuple[str, str]]:
-        """Local name -> (module, name there) for the module's top-level ``from X import`` and
-        ``import sglang.X as Y`` (then (``sglang.X``, "")) statements, relative ones resolved."""
-        if module not in self._imports:
-            text, names = self.text(module) or "", {}
-            package = module if self.tree.path(module).name == "__init__.py" else module.rpartition(".")[0]
-            for statement in _FROM_IMPORT.finditer(text):
-                try:
-                    node = ast.parse(statement.group(0).strip()).body[0]
-                except SyntaxError:  # a continuation line the filter did not take in
-                    continue
-                base = package
-                for _ in range(max(node.level - 1, 0)):
-                    base = base.rpartition(".")[0]
-                source = ".".join(filter(None, [base, node.module])) if node.level else node.module
-                if source and source.startswith("sglang"):
-                    names.update({a.asname or a.name: (source, a.name) for a in node.names if a.name != "*"})
-            for statement in _MODULE_IMPORT.finditer(text):
-                names[statement.group(2)] = (statement.group(1), "")
-            self._imports[module] = names
-        return self._imports[module]
-
-    def resolve(self, module: str, name: str, depth: int = 0) -> tuple[str, str] | None:
-        """The (module, class) a (possibly dotted) class name used in ``module`` refers to, within the tree."""
-        if depth > 8 or self.text(module) is None:
-            return None
-        head, _, rest = name.partition(".")
-        if not rest and name in self.outline(module):
-            return module, name
-        imported = self.imports(module).get(head)
-        if imported is None:
-            return None
-        source, there = imported
-        if not there:  # ``import sglang.x as m``: ``m.Class``
-            return self.resolve(source, rest, depth + 1) if rest else None
-        if rest:  # ``from sglang.x import module``: ``module.Class``
-            return self.resolve(f"{source}.{there}", rest, depth + 1)
-        return self.resolve(source, there, depth + 1)
-
-    def offers(self, module: str, name: str, member: str) -> bool:
-        """Whether the class or one of its bases in the tree defines ``member`` (inherited counts)."""
-        key = (module, name, member)
-        if key not in self._offers:
-            self._offers[key] = False  # a cycle of bases ends here
-            outline = self.outline(module).get(name)
-            self._offers[key] = outline is not None and (member in outline.members or any(
-                (base := self.resolve(module, b)) and self.offers(*base, member) for b in outline.bases))
-        return self._offers[key]
-
-    def is_capable(self, module: str, name: str) -> bool:
-        resolved = self.resolve(module, name)
-        return bool(resolved) and all(self.offers(*resolved, m) for m in CAPABLE)
-
-    def class_ast(self, module: str, name: str) -> tuple[ast.ClassDef, int]:
-        """The class's ast and the number of module lines before it."""
-        key = (module, name)
-        if key not in self._asts:
-            text, outline = self.text(module), self.outline(module)[name]
-            offset = text.count("\n", 0, outline.start) - 1  # the "\n" put first
-            try:
-                node = ast.parse(text[outline.start:outline.end]).body[0]
-            except SyntaxError:  # the outline cut the class short (a string at column 0): parse the module
-                node = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name)
-                offset = 0
-            self._asts[key] = (node, offset)
-        return self._asts[key]
-
-    def forward(self, module: str, name: str, depth: int = 0) -> ast.AST | None:
-        """The ``forward`` the class runs: its own, or the first found through its bases."""
-        node, _ = self.class_ast(module, name)
-        for item in node.body:
+def forward_of(tree: SourceTree, module: str, name: str) -> ast.AST | None:
+    """The ``forward`` the class runs: its own, or the first found through its bases."""
+    for key in tree.lineage(module, name):
+        for item in tree.class_node(*key).body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward":
                 return item
-        for base in self.outline(module)[name].bases:
-            resolved = self.resolve(module, base)
-            if resolved and depth < 20:
-                found = self.forward(*resolved, depth=depth + 1)
-                if found is not None:
-                    return found
-        return None
+    return None
 
-    def lacks(self, module: str, name: str, own: set[str], method: str) -> bool:
-        return method not in own and not any((base := self.resolve(module, b)) and self.offers(*base, method)
-                                             for b in self.outline(module)[name].bases)
 
-    def wrapper(self, module: str, name: str) -> Wrapper | None:
-        """The class as the delegation rule sees it, or None when it holds no language model it could serve."""
-        node, _ = self.class_ast(module, name)
-        functions = [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        # Its own members from the ast (the outline's are only a filter): methods and class attributes.
-        own = {f.name for f in functions} | {t.id for item in node.body if isinstance(item, ast.Assign)
-                                             for t in item.targets if isinstance(t, ast.Name)}
-        assignments = [pair for function in functions for pair in inner_model_assignments(function)]
-        return classify(module, name, assignments, self.forward(module, name),
-                        is_capable=lambda callee: self.is_capable(module, callee),
-                        inner_offers=lambda callee, m: self.offers(*self.resolve(module, callee), m),
-                        lacks=lambda m: self.lacks(module, name, own, m))
+def wrapper_of(tree: SourceTree, module: str, name: str) -> Wrapper | None:
+    """The class as the delegation rule sees it, or None when it holds no language model it could serve."""
+    node = tree.class_node(module, name)
+    assignments = [pair for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for pair in inner_model_assignments(item)]
+    return classify(module, name, assignments, forward_of(tree, module, name),
+                    is_capable=lambda callee: is_capable(tree, module, callee),
+                    inner_offers=lambda callee, m: tree.member_owner(*tree.class_at(module, callee), m) is not None,
+                    lacks=lambda m: tree.member_owner(module, name, m) is None)
 
-    def wrappers(self) -> list[Wrapper]:
-        found, candidates = [], self.capable_names()
-        for module in self.models:
-            text = self.text(module)
-            callees = set(_SELF_CALL_ASSIGN.findall(text))
-            if not candidates.intersection(c.rsplit(".", 1)[-1] for c in callees):
-                # An alias (``import m as Y``, ``from m import X as Y``): the name it was imported under.
-                heads = {c.split(".")[0] for c in callees if f" as {c.split('.')[0]}" in text}
-                if not any(self.resolve(module, c) and self.is_capable(module, c)
-                           for c in callees if c.split(".")[0] in heads):
-                    continue
-            for name, outline in self.outline(module).items():
-                # Only classes assigning self.x = <capable class>(...) in their text are parsed.
-                callees = set(_SELF_CALL_ASSIGN.findall(text, outline.start, outline.end))
-                if any(self.is_capable(module, callee) for callee in callees):
-                    found.extend(filter(None, [self.wrapper(module, name)]))
-        return found
+
+def model_wrappers(tree: SourceTree) -> list[Wrapper]:
+    """Every class of srt/models that holds an EAGLE-3-capable language model and hands it to its forward."""
+    models = tree.modules(MODELS)
+    found, candidates = [], capable_names(tree, models)
+    for module in models:
+        text = tree.source(module)
+        callees = set(_SELF_CALL_ASSIGN.findall(text))
+        if not candidates.intersection(c.rsplit(".", 1)[-1] for c in callees):
+            # An alias (``import m as Y``, ``from m import X as Y``): the name it was imported under.
+            heads = {c.split(".")[0] for c in callees if f" as {c.split('.')[0]}" in text}
+            if not any(is_capable(tree, module, c) for c in callees if c.split(".")[0] in heads):
+                continue
+        for name, definition in tree.classes(module).items():
+            # Only classes assigning self.x = <capable class>(...) in their text are parsed.
+            callees = set(_SELF_CALL_ASSIGN.findall(definition.text))
+            if any(is_capable(tree, module, callee) for callee in callees):
+                found.extend(filter(None, [wrapper_of(tree, module, name)]))
+    return found
 
 
 # -- static: the EAGLE code path
-
-_METHOD_LINE = re.compile(r"\n(?:    )?(?:async\s+)?def\s")  # a top-level function or a method
-_OUTER_LINE = re.compile(r"\n(?:    )?[^\s#)\]}]")  # a line at indentation 0 or 4
-
-
-def _functions_mentioning(text: str, words: tuple[str, ...]) -> list[ast.AST]:
-    """The ast of each top-level function and method of a top-level class whose text mentions one of ``words``."""
-    text = "\n" + text  # so that the first line matches the patterns too
-    found = []
-    for start in [m.start() + 1 for m in _METHOD_LINE.finditer(text)]:
-        following = _OUTER_LINE.search(text, text.index("\n", start))
-        segment = text[start:following.start() if following else len(text)]
-        if any(word in segment for word in words):
-            try:
-                found.append(ast.parse(textwrap.dedent(segment)).body[0])
-            except SyntaxError:  # the segment was cut short: take the whole module
-                return [ast.parse(text)]
-    return found
-
 
 def eagle_target_methods(tree: SourceTree) -> tuple[set[str], set[str]]:
     """(methods called, names probed with hasattr/getattr) on the target model along the EAGLE code path.
@@ -413,20 +272,21 @@ def eagle_target_methods(tree: SourceTree) -> tuple[set[str], set[str]]:
     Read from the speculative modules named ``*eagle*``, the speculative modules they import, and (for
     ``set_eagle3_layers_to_capture``, called on the target by the model and graph runners) ``model_executor``.
     """
-    folder = tree.root / "sglang" / "srt" / "speculative"
-    texts = {p.stem: p.read_text(encoding="utf-8") for p in folder.glob("*.py") if "eagle" in p.stem}
+    package = "sglang.srt.speculative"
+    texts = {m: tree.source(m) for m in tree.modules(package) if "eagle" in m.rpartition(".")[2]}
     for text in list(texts.values()):
         for dependency in re.findall(r"from sglang\.srt\.speculative\.(\w+) import", text):
-            if dependency not in texts and (folder / f"{dependency}.py").is_file():
-                texts[dependency] = (folder / f"{dependency}.py").read_text(encoding="utf-8")
+            module = f"{package}.{dependency}"
+            if module not in texts and tree.source(module) is not None:
+                texts[module] = tree.source(module)
     called, probed = set(), set()
-    for text in texts.values():
-        for function in _functions_mentioning(text, ("target_worker", "target_model")):
+    for module in texts:
+        for function in tree.functions_mentioning(module, "target_worker", "target_model"):
             function_called, function_probed = _target_model_uses(function)
             called |= function_called
             probed |= function_probed
-    executor = tree.root / "sglang" / "srt" / "model_executor"
-    if any(".set_eagle3_layers_to_capture(" in p.read_text(encoding="utf-8") for p in executor.rglob("*.py")):
+    if any(".set_eagle3_layers_to_capture(" in tree.source(m)
+           for m in tree.modules("sglang.srt.model_executor", recursive=True)):
         called.add("set_eagle3_layers_to_capture")
     return called, probed
 
@@ -489,37 +349,6 @@ def _self_assigned(cls: ast.ClassDef) -> set[str]:
     return found
 
 
-def _class_defines(tree: SourceTree, module: str, cls_name: str, member: str, depth: int = 0) -> str | None:
-    """Whether ``from module import cls_name`` leads to a class defining or inheriting ``member``: None when it
-    does, else what is missing (followed through re-exports and relative imports)."""
-    parsed = tree.tree(module)
-    if parsed is None or depth > 5:
-        return f"no module {module}"
-    for node in parsed.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == member for n in node.body):
-                return None
-            if any(isinstance(base, ast.Name) and _class_defines(tree, module, base.id, member, depth + 1) is None
-                   for base in node.bases):  # inherited counts
-                return None
-            return f"{module}.{cls_name}.{member} is missing"
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == cls_name for a in node.names):
-            alias = next(a for a in node.names if (a.asname or a.name) == cls_name)
-            return _class_defines(tree, _absolute(tree, module, node), alias.name, member, depth + 1)
-    return f"{module} has no {cls_name}"
-
-
-def _absolute(tree: SourceTree, module: str, node: ast.ImportFrom) -> str:
-    """The module an ``ImportFrom`` in ``module`` names, relative imports resolved."""
-    if not node.level:
-        return node.module or ""
-    path = tree.path(module)
-    package = module if path is not None and path.name == "__init__.py" else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        package = package.rpartition(".")[0]
-    return ".".join(filter(None, [package, node.module]))
-
-
 def hook_problems(tree: SourceTree) -> list[str]:
     """What the inserted wrapper would miss in this tree: each name it relies on, and the order it needs."""
     module = tree.tree(MODEL_RUNNER)
@@ -559,12 +388,15 @@ def hook_problems(tree: SourceTree) -> list[str]:
             problems.append(f"ModelRunner.__init__ never sets self.{attr}")
         elif loads and min(lines) > min(loads):
             problems.append(f"ModelRunner.__init__ sets self.{attr} only after loading the model")
-    imported = next((_absolute(tree, MODEL_RUNNER, node) for node in module.body if isinstance(node, ast.ImportFrom)
+    imported = next((tree.absolute(MODEL_RUNNER, node) for node in module.body if isinstance(node, ast.ImportFrom)
                      and any((a.asname or a.name) == "SpeculativeAlgorithm" for a in node.names)), None)
+    algorithm = tree.find_class(imported, "SpeculativeAlgorithm") if imported else None
     if imported is None:
         problems.append("model_runner does not import SpeculativeAlgorithm")
-    elif missing := _class_defines(tree, imported, "SpeculativeAlgorithm", "is_eagle"):
-        problems.append(missing)
+    elif algorithm is None:
+        problems.append(f"{imported} has no SpeculativeAlgorithm" if tree.path(imported) else f"no module {imported}")
+    elif tree.method(imported, "SpeculativeAlgorithm", "is_eagle") is None:
+        problems.append(f"{algorithm[0]}.SpeculativeAlgorithm.is_eagle is missing")
     return problems
 
 
@@ -603,13 +435,10 @@ class DrafterDelegation(Patch):
             problems += filter(None, [_worker_problem(*eagle_target_methods(tree))])
         if problems:
             return Result(DRIFTED, "; ".join(problems)), []
-        models = SourceModels(tree)
-        wrappers = models.wrappers()
+        wrappers = model_wrappers(tree)
         kimi = next((w for w in wrappers if w.module == KIMI_MODULE and w.name == KIMI_CLASS), None)
-        if kimi is None and KIMI_CLASS in models.outline(KIMI_MODULE):
-            own, _ = models.class_ast(KIMI_MODULE, KIMI_CLASS)
-            names = {n.name for n in own.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            lacking = [m for m in CAPABLE if models.lacks(KIMI_MODULE, KIMI_CLASS, names, m)]
+        if kimi is None and KIMI_CLASS in tree.classes(KIMI_MODULE):
+            lacking = [m for m in CAPABLE if tree.member_owner(KIMI_MODULE, KIMI_CLASS, m) is None]
             if lacking:  # the class this patch exists for would no longer be served
                 return Result(DRIFTED, f"{KIMI_CLASS} no longer holds an EAGLE-3-capable language model that its "
                                        f"forward runs, and lacks {', '.join(lacking)} (srt/models/kimi_k25.py)"), []

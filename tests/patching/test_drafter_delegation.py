@@ -49,7 +49,7 @@ def trees(pristine_source):
 
 @pytest.fixture(scope="module")
 def wrappers(trees):
-    return {version: {w.label: w for w in dd.SourceModels(tree).wrappers()} for version, tree in trees.items()}
+    return {version: {w.label: w for w in dd.model_wrappers(tree)} for version, tree in trees.items()}
 
 
 # -- static, every release

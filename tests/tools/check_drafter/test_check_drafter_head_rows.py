@@ -1,0 +1,166 @@
+"""The lm_head rows check: on the models make-test-models writes (``--acceptance mixed``: the drafter's lm_head rows
+are the target's embedding rows of its hot tokens; ``random``: unrelated rows) and on drafters whose d2t is wrong
+but valid (permuted within its own hot set), with no tokenizer and no reference drafter."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from drafter_models import DRAFT_VOCAB, H, by_name, check, make_draft, make_target, random_rows, raw_tensors
+from drafter_models import frequent_ids_fixture, src23_fixture, tokenizer_json_fixture  # noqa: F401 (fixtures)
+from sglang_pcie.tools import safetensors_io as st
+from sglang_pcie.tools.check_drafter import head_rows
+from sglang_pcie.tools.make_test_models import Shape, make_models
+
+SHAPE = Shape(vocab=2048, hidden=64, layers=4, heads=4, kv_heads=2, intermediate=128, draft_vocab=512)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict:
+    """make-test-models' random and mixed pairs (tiny shapes), written once."""
+    root = tmp_path_factory.mktemp("made")
+    return {kind: make_models(root / kind, SHAPE, seed=0, acceptance=kind) for kind in ("random", "mixed")}
+
+
+def with_map(draft: str, folder: Path, targets_of) -> Path:
+    """A copy of ``draft`` whose d2t maps draft id i to ``targets_of(hot)[i]`` (t2d and every weight unchanged)."""
+    shutil.copytree(draft, folder)
+    file = folder / "model.safetensors"
+    tensors = raw_tensors(file)
+    hot = [i + d for i, d in enumerate(st.read_tensor(file, "d2t")[2])]
+    new = targets_of(hot)
+    tensors["d2t"] = ("I64", (len(new),), st.pack("I64", [t - i for i, t in enumerate(new)]))
+    st.write_safetensors(file, tensors, {"format": "pt"})
+    return folder
+
+
+def shifted(hot: list[int]) -> list[int]:
+    """The issue's drafter: draft id i maps to the target id of draft id i+1 (every id valid and distinct)."""
+    return [hot[(i + 1) % len(hot)] for i in range(len(hot))]
+
+
+def rows_check(capsys, draft, target) -> dict:
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    assert by_name(report)["mapping"]["status"] == "ok"  # each map is valid on its own
+    return by_name(report)["lm_head rows"]
+
+
+def test_made_mixed_drafter_lines_up(capsys, made):
+    result = rows_check(capsys, made["mixed"]["draft"]["path"], made["mixed"]["target"]["path"])
+    assert result["status"] == "ok"
+    assert result["reason"].startswith("under d2t, 64 of 64 line up with the target's embed_tokens rows")
+
+
+def test_a_map_shifted_by_one_is_found(capsys, made, tmp_path):
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "shifted", shifted)
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    assert result["status"] == "fail"
+    assert "the rows fit d2t shifted by one position: draft id i's row belongs to the target id d2t gives draft" \
+           " id i-1" in result["reason"]
+    assert result["shifted"]["by"] == -1
+
+
+def test_a_map_permuted_within_its_hot_set_is_found(capsys, made, tmp_path):
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "shuffled",
+                     lambda hot: random.Random(1).sample(hot, len(hot)))
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    assert result["status"] == "fail" and result["reason"].startswith("the rows fit other target ids than d2t says")
+    first = result["elsewhere"]["matches"][0]
+    hot = [i + d for i, d in enumerate(st.read_tensor(Path(made["mixed"]["draft"]["path"]) / "model.safetensors",
+                                                      "d2t")[2])]
+    assert first["matches"] == hot[first["draft_id"]] != first["d2t"]  # the row's own token, found again
+
+
+@pytest.mark.parametrize("map_of", [None, shifted])
+def test_unrelated_rows_cannot_tell(capsys, made, tmp_path, map_of):
+    """make-test-models' random drafter: its rows resemble no target row, under any map: never "ok"."""
+    draft = made["random"]["draft"]["path"]
+    if map_of:
+        draft = with_map(draft, tmp_path / "shifted", map_of)
+    result = rows_check(capsys, draft, made["random"]["target"]["path"])
+    assert result["status"] == "skip" and result["reason"].startswith("cannot tell: under d2t 0 of 64 line up")
+
+
+@pytest.mark.parametrize("broken, status", [(6, "ok"), (7, "warn")])
+def test_ninety_percent_of_the_rows_must_line_up(capsys, made, tmp_path, broken, status):
+    """58 of 64 sampled rows lining up is "ok" (>= 90%); 57 is not, and the 7 others, random rows, fit nowhere."""
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "draft", lambda hot: hot)
+    file = draft / "model.safetensors"
+    tensors = raw_tensors(file)
+    head = list(st.read_tensor(file, "lm_head.weight")[2])
+    noise = random.Random(5)
+    for i in head_rows.sample_ids(SHAPE.draft_vocab)[:broken]:
+        head[i * SHAPE.hidden:(i + 1) * SHAPE.hidden] = [noise.uniform(-0.03, 0.03) for _ in range(SHAPE.hidden)]
+    tensors["lm_head.weight"] = ("BF16", [SHAPE.draft_vocab, SHAPE.hidden], st.pack("BF16", head))
+    st.write_safetensors(file, tensors)
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    assert result["status"] == status
+    assert result["embed_tokens"]["rows"]["lined_up"] == 64 - broken
+
+
+def test_another_width_is_judged_by_the_similarity_structure(capsys, tmp_path, frequent_ids):
+    """A drafter whose hidden size is not the target's (its rows: the target's embedding rows, twice over): the
+    rows cannot be compared value by value, their similarity structure can."""
+    target = make_target(tmp_path / "target", weights=True)
+    source = st.read_tensor(target / "model.safetensors", "model.embed_tokens.weight")[2]
+    wide = [v for t in frequent_ids for v in list(source[t * H:(t + 1) * H]) * 2]
+    for name, ids in (("draft", frequent_ids), ("shifted", shifted(frequent_ids))):
+        draft = make_draft(tmp_path / name, ids, hidden=2 * H, target_hidden=H)
+        tensors = raw_tensors(draft / "model.safetensors")
+        tensors["lm_head.weight"] = ("BF16", (DRAFT_VOCAB, 2 * H), st.pack("BF16", wide))
+        st.write_safetensors(draft / "model.safetensors", tensors)
+        code, report = check(capsys, "--draft", draft, "--target", target)
+        result = by_name(report)["lm_head rows"]
+        if name == "draft":
+            assert result["status"] == "ok" and "resemble one another as their target rows do" in result["reason"]
+            assert "rows" not in result["embed_tokens"]  # no value-by-value test across widths
+        else:
+            assert result["status"] == "fail" and "shifted by one position" in result["reason"]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("zero rows", "cannot tell: the 64 sampled lm_head rows are zero"),
+    ("target's head", "the drafter takes the target's lm_head (no draft_vocab_size): its rows are the target's"),
+    ("no target", "give --target to compare the lm_head rows with the target's"),
+])
+def test_what_the_check_cannot_compare(capsys, tmp_path, frequent_ids, case, words):
+    target = make_target(tmp_path / "target", weights=True)
+    if case == "target's head":
+        draft = make_draft(tmp_path / "draft", list(range(512)), draft_vocab=None)
+    else:
+        draft = make_draft(tmp_path / "draft", frequent_ids)
+    code, report = check(capsys, "--draft", draft, *(["--target", target] if case != "no target" else []))
+    result = by_name(report)["lm_head rows"]
+    assert (result["status"], result["reason"].startswith(words)) == ("skip", True), result["reason"]
+
+
+def test_reads_a_bounded_number_of_rows(tmp_path, frequent_ids, monkeypatch):
+    """The sample: at most SAMPLE rows per matrix and map, SEARCH_LIMIT rows of SEARCH_COLUMNS for the scan."""
+    target = make_target(tmp_path / "target", weights=True)
+    draft = make_draft(tmp_path / "draft", frequent_ids)
+    tensors = raw_tensors(draft / "model.safetensors")
+    tensors["lm_head.weight"] = random_rows(DRAFT_VOCAB, H, 9)  # unrelated: every look is taken
+    st.write_safetensors(draft / "model.safetensors", tensors)
+    asked = []
+    from sglang_pcie.tools.check_drafter.checkpoint import Checkpoint
+    real = Checkpoint.rows
+
+    def counting(self, name, rows, columns):
+        asked.append((self.role, name, len(rows), len(columns)))
+        return real(self, name, rows, columns)
+
+    monkeypatch.setattr(Checkpoint, "rows", counting)
+    from sglang_pcie.tools.check_drafter import run_checks
+
+    report = run_checks(str(draft), str(target))
+    assert by_name(report)["lm_head rows"]["status"] == "skip"
+    assert max(n for _, _, n, _ in asked) <= 4096  # read in chunks
+    # The sample: the drafter's rows, then 2 target matrices x 3 maps (d2t, shifted back and forth); the scan: the
+    # searched rows, every target row the map names once per matrix, 3 rows to confirm each match.
+    sample, searched, hot = head_rows.SAMPLE, head_rows.SEARCHED_ROWS, len(set(frequent_ids))
+    assert sum(n for _, _, n, _ in asked) <= sample * (1 + 2 * 3) + searched + 2 * (hot + 3 * searched)
+    assert json.dumps(report)  # the report stays JSON
