@@ -254,15 +254,17 @@ def verdict(own: Record, records: list[Record], missing: list[int], unreadable: 
     lines += [f"{PREFIX}: rank {rank} sent an unreadable record ({problem})"
               for rank, problem in sorted(unreadable.items())]
     nodes = len({node_of(r) for r in records})
+    unknown = sorted([*missing, *unreadable])
     if lines:
-        unknown = " and some ranks could not be compared" if missing or unreadable else ""
+        what = [f"{len(found)} setting(s) differ between the {nodes} node(s) "
+                f"{'that sent theirs' if unknown else 'of this server'}"] if found else []
+        what += [f"the settings of {ranks_text(unknown)} could not be compared"] if unknown else []
         action = ("the start stops (SGLANG_PCIE_STRICT=1)" if strict else
                   "set the same values on every node (SGLANG_PCIE_STRICT=1 stops the start instead)")
-        lines.append(f"{PREFIX}: {len(found)} setting(s) differ between the {nodes} node(s) of this server{unknown};"
-                     " NCCL ranks that disagree on protocol, algorithm or transport can hang at some message sizes: "
-                     + action)
+        lines.append(f"{PREFIX}: {' and '.join(what)}; NCCL ranks that disagree on protocol, algorithm or transport "
+                     f"can hang at some message sizes: {action}")
     first_of_node = min(r.rank for r in records if node_of(r) == node_of(own))
-    return Verdict(lines, list(found), sorted([*missing, *unreadable]), nodes, speaks=own.rank == first_of_node)
+    return Verdict(lines, list(found), unknown, nodes, speaks=own.rank == first_of_node)
 
 
 # -- the exchange, through the default process group's store
@@ -311,7 +313,7 @@ def agree(store, rank: int, world_size: int, environ: Mapping[str, str], strict:
             logger.error(line)
     if result.lines and strict:
         what = [", ".join(result.differing)] if result.differing else []
-        what += [f"{ranks_text(result.unknown)} could not be compared"] if result.unknown else []
+        what += [f"the settings of {ranks_text(result.unknown)} unknown"] if result.unknown else []
         raise StrictModeError(f"sglang-pcie: SGLANG_PCIE_STRICT=1 and the nodes of this server disagree: "
                               f"{'; '.join(what)} (the {PATCH_ID} lines name each node's value)")
     return result
