@@ -40,17 +40,21 @@ KEY = "sglang-pcie/node-agreement/v1/rank-"  # one key per rank in the default s
 WAIT_S = 60.0  # ranks reach the check within seconds of each other: gloo connected all of them just before
 DECIDED_VAR = "SGLANG_PCIE_NCCL_DECIDED"  # runtime.nccl's, written by each node's launcher
 
-# Every NCCL_* variable is compared (one NCCL does not know is still one the other node's NCCL may read), except
-# those that name this host's own devices, files or logs, which legitimately differ from node to node.
-EXCLUDED = {
+# Every NCCL_* variable is compared between nodes (a variable this list does not know is still one the other node's
+# NCCL may read), except those that name this host's own devices and files: those may differ from node to node,
+# but not between the ranks of one node (NVIDIA/nccl#1478: NCCL_IB_HCA set per rank breaks NCCL's rings).
+PER_NODE = {
     "NCCL_SOCKET_IFNAME": "names this host's network interfaces",
     "NCCL_IB_HCA": "names this host's InfiniBand / RoCE adapters and ports",
     "NCCL_IB_GID_INDEX": "indexes this host's RoCE GID table",
     "NCCL_TOPO_FILE": "describes this host's PCI / NIC topology",
-    "NCCL_TOPO_DUMP_FILE": "where this host writes its topology",
-    "NCCL_GRAPH_DUMP_FILE": "where this host writes its search graph",
     "NCCL_HOSTID": "this host's identity, as NCCL tells hosts apart",
-    "NCCL_RAS_ADDR": "where this host's RAS monitor listens",
+}
+# Never compared: outputs and logging, and the config file's path (the values it sets are compared instead).
+EXCLUDED = {
+    "NCCL_TOPO_DUMP_FILE": "where NCCL writes the topology it found",
+    "NCCL_GRAPH_DUMP_FILE": "where NCCL writes the search graph it found",
+    "NCCL_RAS_ADDR": "where this process's RAS monitor listens",
     "NCCL_CONF_FILE": "a path; the values the file sets are compared instead",
 }
 EXCLUDED_PREFIXES = {"NCCL_DEBUG": "logging only (NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE, ...)"}
@@ -106,7 +110,7 @@ def effective_values(environ: Mapping[str, str], files: Iterable[str] = (),
                      read: Callable[[str], str] = read_text) -> dict[str, tuple[str, str | None]]:
     """{name: (value, source)} of what decides NCCL's protocol, algorithm and transport in this process and SGLang's
     all-reduce path: the environment first (source None), then NCCL's config files (source: the file), as NCCL
-    resolves them; excluded names left out."""
+    resolves them; EXCLUDED names left out (PER_NODE ones kept: they are compared within a node)."""
     values = {name: (value, None) for name, value in environ.items()
               if (name.startswith("NCCL_") and not excluded(name)) or name in ALLREDUCE_VARS}
     for path in files:
@@ -217,19 +221,32 @@ def shown(value: tuple[str, str | None] | None) -> str:
 
 
 def differences(records: list[Record]) -> dict[str, str]:
-    """{name: its line} for each setting whose value is not the same on every rank, the line naming each node (and
-    its ranks) with its value; {} where all agree. Sources (which file) are shown but are not a difference."""
+    """{name: its line} for each setting whose value is not the same on every rank (for PER_NODE names: on every
+    rank of one node), the line naming each node (and its ranks) with its value; {} where all agree. Sources
+    (which file) are shown but are not a difference."""
     names = sorted({name for record in records for name in record.values})
     lines = {}
     for name in names:
-        if len({(record.values.get(name) or (None,))[0] for record in records}) == 1:
+        def distinct(group):
+            return len({(record.values.get(name) or (None,))[0] for record in group}) > 1
+
+        if name in PER_NODE:
+            by_node: dict[tuple, list[Record]] = {}
+            for record in records:
+                by_node.setdefault(node_of(record), []).append(record)
+            shown_records = [r for group in by_node.values() if distinct(group) for r in group]
+            where = "within a node (it may differ between nodes, not between the ranks of one)"
+        else:
+            shown_records = records if distinct(records) else []
+            where = "between nodes"
+        if not shown_records:
             continue
         groups: dict[tuple, list[Record]] = {}
-        for record in sorted(records, key=lambda r: (node_of(r), r.rank)):
+        for record in sorted(shown_records, key=lambda r: (node_of(r), r.rank)):
             groups.setdefault((node_of(record), record.values.get(name)), []).append(record)
         parts = [f"{node_label(members[0], [m.rank for m in members])} {shown(value)}"
                  for (_, value), members in groups.items()]
-        lines[name] = f"{PREFIX}: {name} differs between nodes: " + "; ".join(parts)
+        lines[name] = f"{PREFIX}: {name} differs {where}: " + "; ".join(parts)
     return lines
 
 

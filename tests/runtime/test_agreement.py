@@ -27,16 +27,18 @@ P = agreement.PREFIX
 
 # -- what one rank compares
 
-def test_every_nccl_variable_is_compared_except_those_naming_this_hosts_devices_files_and_logs():
+def test_every_nccl_variable_is_compared_except_outputs_logging_and_the_config_files_path():
     env = {"NCCL_PROTO": "LL", "NCCL_IB_DISABLE": "1", "NCCL_SOME_FUTURE_SWITCH": "x", "NCCL_SOCKET_IFNAME": "eth0",
-           "NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_TOPO_FILE": "/t.xml",
+           "NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_TOPO_DUMP_FILE": "/t.xml",
            "NCCL_CONF_FILE": "/c", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PCIE_IPC_MAX_NUMEL": "57344",
            "SGLANG_PCIE_NCCL_DECIDED": "tuned", "SGLANG_PCIE_TUNED_FILE": "/home/a/t.json", "PATH": "/bin"}
     assert agreement.effective_values(env) == {
         "NCCL_PROTO": ("LL", None), "NCCL_IB_DISABLE": ("1", None), "NCCL_SOME_FUTURE_SWITCH": ("x", None),
+        "NCCL_SOCKET_IFNAME": ("eth0", None), "NCCL_IB_HCA": ("mlx5_0", None),  # compared within a node
         "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": ("1", None), "SGLANG_PCIE_IPC_MAX_NUMEL": ("57344", None),
         "SGLANG_PCIE_NCCL_DECIDED": ("tuned", None)}
     assert all(agreement.excluded(name) for name in agreement.EXCLUDED)
+    assert not any(agreement.excluded(name) for name in agreement.PER_NODE)
     assert agreement.excluded("NCCL_DEBUG_FILE") and not agreement.excluded("NCCL_ALGO")
 
 
@@ -48,7 +50,8 @@ def test_nccl_config_files_are_read_as_nccl_reads_them(tmp_path):
     values = agreement.effective_values({"NCCL_PROTO": "LL"}, [str(user), str(tmp_path / "absent"), str(system)])
     assert values == {"NCCL_PROTO": ("LL", None),  # the environment wins, as NCCL's setenv(..., 0) lets it
                       "NCCL_ALGO": ("Tree", str(user)),  # the first file and the first line win
-                      "NCCL_NET_GDR_LEVEL": ("=PHB", str(user)),  # everything after the first '='
+                      "NCCL_SOCKET_IFNAME": ("=ens1f0", str(user)),  # everything after the first '='
+                      "NCCL_NET_GDR_LEVEL": ("=PHB", str(user)),
                       "NCCL_BUFFSIZE": ("4194304\r", str(system))}  # only the line end is removed
 
 
@@ -112,6 +115,18 @@ def test_one_line_per_differing_setting_naming_each_node_and_its_value():
                          "node 1 (box-1, ranks 2-3) '4194304' from /etc/nccl.conf",
         "NCCL_PROTO": f"{P}: NCCL_PROTO differs between nodes: node 0 (box-0, ranks 0-1) 'LL'; "
                       "node 1 (box-1, ranks 2-3) unset"}
+
+
+def test_host_specific_settings_may_differ_between_nodes_not_within_one():
+    hca = "NCCL_IB_HCA"
+    found = agreement.differences(records(
+        (0, 0, {hca: ("mlx5_0", None)}), (1, 0, {hca: ("mlx5_0", None)}),
+        (2, 1, {hca: ("mlx5_2", None)}), (3, 1, {hca: ("mlx5_3", None)}),
+        (4, 2, {hca: ("mlx5_4", None)})))
+    assert found == {hca: f"{P}: NCCL_IB_HCA differs within a node (it may differ between nodes, not between the "
+                          "ranks of one): node 1 (box-1, rank 2) 'mlx5_2'; node 1 (box-1, rank 3) 'mlx5_3'"}
+    per_node = records((0, 0, {hca: ("mlx5_0", None)}), (1, 1, {hca: ("mlx5_1", None)}))
+    assert agreement.differences(per_node) == {}
 
 
 def test_ranks_of_one_node_that_differ_are_named_apart_and_long_values_cut():
@@ -232,13 +247,15 @@ def test_three_ranks_on_two_nodes_a_setting_from_a_config_file(torch_python, tmp
     conf = tmp_path / "nccl.conf"
     conf.write_text("NCCL_ALGO=Tree\n")
     flag = {"SGLANG_PCIE_STRICT": "1"} if strict else {}
-    results = run_world(torch_python, [node(0, **UNTUNED, **flag), node(0, **UNTUNED, **flag),
-                                       node(1, **UNTUNED, NCCL_CONF_FILE=str(conf), **flag)], tmp_path)
+    eth0, ens1 = {"NCCL_SOCKET_IFNAME": "eth0"}, {"NCCL_SOCKET_IFNAME": "ens1"}  # per host: not a difference
+    results = run_world(torch_python, [node(0, **UNTUNED, **eth0, **flag), node(0, **UNTUNED, **eth0, **flag),
+                                       node(1, **UNTUNED, **ens1, NCCL_CONF_FILE=str(conf), **flag)], tmp_path)
     line = (f"{P}: NCCL_ALGO differs between nodes: node 0 ({HOST}, ranks 0-1) unset; "
             f"node 1 ({HOST}, rank 2) 'Tree' from {conf}")
     for rank, result in enumerate(results):
         assert result["rc"] == (1 if strict else 0), result["err"]
         assert said(result)[:1] == ([] if rank == 1 else [line])  # rank 1 is not its node's first
+        assert len(said(result)) == (0 if rank == 1 else 2)  # the line and what it means
         if not strict:
             assert result["json"]["verdict"]["nodes"] == 2 and result["json"]["verdict"]["differing"] == ["NCCL_ALGO"]
 
