@@ -178,13 +178,15 @@ REGISTER = (
              "prefill of a two-box server, and nothing says why."),
         upstream=(
             Reference("NCCL issue #1136", "https://github.com/NVIDIA/nccl/issues/1136", CLOSED,
-                      "hosts choosing different NCCL_ALGO / NCCL_PROTO hung allReduce"),
+                      "hosts whose NCCL chose different algorithms / protocols (from their CPU vendors) hung "
+                      "allReduce at some sizes; pinning NCCL_ALGO / NCCL_PROTO alike on every node avoids it"),
             Reference("NCCL issue #626", "https://github.com/NVIDIA/nccl/issues/626", CLOSED,
-                      "multi-node hang; the maintainers' first advice: the same NCCL variables on every rank"),
-            Reference("NCCL issue #1328", "https://github.com/NVIDIA/nccl/issues/1328", CLOSED,
-                      "multi-node hang; the same advice"),
+                      "multi-node hang; the maintainers ask to set the environment consistently on every rank"),
+            Reference("NCCL issue #1478", "https://github.com/NVIDIA/nccl/issues/1478", CLOSED,
+                      "NCCL_IB_HCA set differently per rank of a node breaks NCCL's rings: host-specific variables "
+                      "are compared within a node"),
         ),
-        upstream_note="neither SGLang nor NCCL compares the ranks' NCCL settings",
+        upstream_note="SGLang does not compare its nodes' NCCL settings; each rank's NCCL reads its own environment",
         checked="2026-12-01",
         remove_when="SGLang or NCCL checks that every rank runs the same NCCL settings",
         upstream_check="never upstream so far; statically: the hook and what it relies on are there",
@@ -193,8 +195,9 @@ REGISTER = (
                         "here), each rank writes its settings to torch's default store and reads every rank's "
                         "(bounded wait); differences are logged by the first rank of each node"),
         static_method=("ast of parallel_state: init_distributed_environment defined at module level, reaches "
-                       "torch.distributed.init_process_group (without device_id) and runs no collective, the world "
-                       "group builds no PyNccl communicator, initialize_model_parallel follows"),
+                       "torch.distributed.init_process_group (without device_id) and runs no collective but behind a "
+                       "launch option (named in the detail), the world group builds no PyNccl communicator, "
+                       "initialize_model_parallel is there"),
     ),
 )
 

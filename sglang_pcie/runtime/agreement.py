@@ -3,8 +3,8 @@ when SGLang's world group exists and before NCCL's first collective; nodes that 
 differing setting (and with SGLANG_PCIE_STRICT=1 the start stops) instead of hanging at some later message size.
 
 Each node's launcher decides its NCCL settings from its own GPUs, tuned file and shell; NCCL ranks that disagree
-on protocol or algorithm can hang (NVIDIA/nccl#1136), and NCCL's first advice for multi-node hangs is that every
-rank sets the same NCCL variables (nccl#626, #1328).
+on protocol or algorithm can hang at some sizes (NVIDIA/nccl#1136), and NCCL's maintainers ask that the environment
+be set consistently on every rank (nccl#626).
 
 The payload of the ``node-agreement`` patch (``sglang_pcie.patching.node_agreement``): ``wrap`` is installed over
 SGLang's ``parallel_state.init_distributed_environment`` at import, ``agreeing`` is the decorator the versioned
