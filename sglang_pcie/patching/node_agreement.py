@@ -50,10 +50,7 @@ DETAIL = (f"{HOOK} wrapped: in a server spanning nodes, every node's NCCL settin
 
 
 def _dotted(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # pragma: no cover - ast.unparse handles every expression node
-        return ""
+    return ast.unparse(node)
 
 
 def reached_calls(tree: SourceTree, body: list, conditions: tuple = (), depth: int = 0,
