@@ -124,7 +124,8 @@ def effective_values(environ: Mapping[str, str], files: Iterable[str] = (),
         for name, value in read_conf(text).items():
             if name.startswith("NCCL_") and not excluded(name):
                 values.setdefault(name, (value, path))
-    return values
+    # An empty value is NCCL's default, as an unset one is (it still keeps a file's value out, as in NCCL).
+    return {name: value for name, value in values.items() if value[0] != ""}
 
 
 def versions() -> dict[str, tuple[str, None]]:

@@ -47,12 +47,13 @@ def test_nccl_config_files_are_read_as_nccl_reads_them(tmp_path):
     user.write_text("# NCCL_ALGO=Ring is a comment\nNCCL_ALGO=Tree\nNCCL_PROTO=Simple\nnot a setting\n"
                     "NCCL_SOCKET_IFNAME==ens1f0\nNCCL_NET_GDR_LEVEL==PHB\nOTHER=1\nNCCL_ALGO=Ring\n")
     system.write_text("NCCL_ALGO=CollnetDirect\nNCCL_BUFFSIZE=4194304\r\n")
-    values = agreement.effective_values({"NCCL_PROTO": "LL"}, [str(user), str(tmp_path / "absent"), str(system)])
+    values = agreement.effective_values({"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": ""},
+                                        [str(user), str(tmp_path / "absent"), str(system)])
     assert values == {"NCCL_PROTO": ("LL", None),  # the environment wins, as NCCL's setenv(..., 0) lets it
                       "NCCL_ALGO": ("Tree", str(user)),  # the first file and the first line win
                       "NCCL_SOCKET_IFNAME": ("=ens1f0", str(user)),  # everything after the first '='
-                      "NCCL_NET_GDR_LEVEL": ("=PHB", str(user)),
-                      "NCCL_BUFFSIZE": ("4194304\r", str(system))}  # only the line end is removed
+                      "NCCL_NET_GDR_LEVEL": ("=PHB", str(user))}  # NCCL_BUFFSIZE: set empty, the default
+    assert agreement.effective_values({}, [str(system)])["NCCL_BUFFSIZE"] == ("4194304\r", str(system))
 
 
 def test_a_config_file_that_cannot_be_read_within_bounds_is_compared_as_such(tmp_path):
