@@ -190,6 +190,40 @@ REGISTER = (
         static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
                        "it reads on recv_obj, every self call of it inside an `if ...finished:` branch"),
     ),
+    Entry(
+        id="node-agreement",
+        module="sglang_pcie.patching.node_agreement",
+        targets=("sglang.srt.distributed.parallel_state",),
+        releases=">=0.5.8,<=0.5.23",
+        opt_in=None,
+        summary=("multi-node servers: every node's NCCL and all-reduce-path settings compared once at start, before "
+                 "NCCL's first collective; differing nodes named (SGLANG_PCIE_STRICT=1: the start stops)"),
+        why=("Each node's launcher makes its own NCCL decision from its own GPUs, tuned file and shell. NCCL ranks "
+             "that disagree on protocol or algorithm hang at some message sizes, typically at the first large "
+             "prefill of a two-box server, and nothing says why."),
+        upstream=(
+            Reference("NCCL issue #1136", "https://github.com/NVIDIA/nccl/issues/1136", CLOSED,
+                      "hosts whose NCCL chose different algorithms / protocols (from their CPU vendors) hung "
+                      "allReduce at some sizes; pinning NCCL_ALGO / NCCL_PROTO alike on every node avoids it"),
+            Reference("NCCL issue #626", "https://github.com/NVIDIA/nccl/issues/626", CLOSED,
+                      "multi-node hang; the maintainers ask to set the environment consistently on every rank"),
+            Reference("NCCL issue #1478", "https://github.com/NVIDIA/nccl/issues/1478", CLOSED,
+                      "NCCL_IB_HCA set differently per rank of a node breaks NCCL's rings: host-specific variables "
+                      "are compared within a node"),
+        ),
+        upstream_note="SGLang does not compare its nodes' NCCL settings; each rank's NCCL reads its own environment",
+        checked="2026-12-01",
+        remove_when="SGLang or NCCL checks that every rank runs the same NCCL settings",
+        upstream_check="never upstream so far; statically: the hook and what it relies on are there",
+        runtime_method=("post-import hook on parallel_state wraps init_distributed_environment; after its first "
+                        "call, only where the launch spans nodes (SGLANG_PCIE_NNODES > 1, or more ranks than GPUs "
+                        "here), each rank writes its settings to torch's default store and reads every rank's "
+                        "(bounded wait); differences are logged by the first rank of each node"),
+        static_method=("ast of parallel_state: init_distributed_environment defined at module level, reaches "
+                       "torch.distributed.init_process_group (without device_id) and runs no collective but behind a "
+                       "launch option (named in the detail), the world group builds no PyNccl communicator, "
+                       "initialize_model_parallel is there"),
+    ),
 )
 
 

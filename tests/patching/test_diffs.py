@@ -13,7 +13,7 @@ def test_the_checkout_holds_a_diff_folder_per_covered_release():
 
     assert diffs.releases_with_diffs(REPO / "patches") == list(COVERED_RELEASES)
     assert {p.stem for p in diffs.diffs_for("0.5.23", REPO / "patches")} == {
-        "sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation"}
+        "sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation", "accept-length-alarm", "node-agreement"}
 
 
 def test_a_release_without_diffs_names_those_that_have_them(tmp_path):

@@ -34,6 +34,7 @@ READ_BY_THE_CHECKS = (
     "sglang/srt/layers/layer_boundary/residual/add_norm.py",
     "sglang/srt/speculative", "sglang/srt/models", "sglang/srt/model_executor",
     "sglang/srt/runtime_context.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py",
+    "sglang/srt/distributed",
     "sglang/srt/managers/tokenizer_manager.py",
 )
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
@@ -43,6 +44,7 @@ EAGLE_V1 = "sglang/srt/speculative/eagle_worker.py"
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 KIMI = "sglang/srt/models/kimi_k25.py"
 TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
+PARALLEL_STATE = "sglang/srt/distributed/parallel_state.py"
 
 
 def copy_release(version: str, dest: Path) -> Path:
@@ -130,6 +132,12 @@ CASES = [
                   "                self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)\n"
                   "            if getattr(state.obj, \"return_logprob\", False):\n")),
          "is called outside the finished-request branch"),
+    Case("world set-up function renamed", "0.5.23", "node-agreement",
+         replace(PARALLEL_STATE, ("def init_distributed_environment(", "def init_distributed_env(")),
+         "parallel_state has no module-level init_distributed_environment"),
+    Case("world group builds a PyNccl communicator", "0.5.9", "node-agreement",
+         replace(PARALLEL_STATE, ("use_pynccl=False,\n        use_pymscclpp", "use_pynccl=True,\n        use_pymscclpp")),
+         "init_world_group no longer passes use_pynccl=False"),
 ]
 
 

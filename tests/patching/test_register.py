@@ -26,7 +26,8 @@ class Settings:
 
 
 def test_one_gate_for_every_patch():
-    sm120, eagle, drafter, alarm = (register.entry(i) for i in PATCH_IDS)
+    sm120, eagle, drafter, alarm, agreement = (register.entry(i) for i in PATCH_IDS)
+    assert register.disabled_reason(agreement, Settings()) is None
     assert register.disabled_reason(alarm, Settings()) is None  # log lines only: on unless switched off
     assert register.disabled_reason(drafter, Settings()) is None
     assert register.disabled_reason(sm120, Settings()) == "opt-in: set SGLANG_PCIE_SM120_FUSION=1"

@@ -58,10 +58,10 @@ def test_a_hostile_tuned_file_neither_hangs_nor_turns_the_overlay_off(sglang_env
 
 @pytest.mark.parametrize("version, expected", [
     ("0.5.9", {"sm120-allreduce-fusion": "applied", "eagle3-profile": "applied", "drafter-delegation": "applied",
-               "accept-length-alarm": "applied"}),
+               "accept-length-alarm": "applied", "node-agreement": "applied"}),
     # Kimi-K2.5 has the methods upstream from 0.5.10; 25 other wrapper classes of 0.5.23 still lack them.
     ("0.5.23", {"sm120-allreduce-fusion": "applied", "eagle3-profile": "applied",
-                "drafter-delegation": "applied", "accept-length-alarm": "applied"}),
+                "drafter-delegation": "applied", "accept-length-alarm": "applied", "node-agreement": "applied"}),
 ])
 def test_verify_patches_runtime_in_real_release(sglang_env, version, expected):
     out = sglang_env(version).run_script_json("verify_runtime.py", env={"EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})

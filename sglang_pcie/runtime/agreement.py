@@ -1,0 +1,426 @@
+"""node-agreement: in a server that spans nodes, every node's NCCL and all-reduce-path settings are compared once,
+when SGLang's world group exists and before NCCL's first collective; nodes that disagree are named, one line per
+differing setting (and with SGLANG_PCIE_STRICT=1 the start stops) instead of hanging at some later message size.
+
+Each node's launcher decides its NCCL settings from its own GPUs, tuned file and shell; NCCL ranks that disagree
+on protocol or algorithm can hang at some sizes (NVIDIA/nccl#1136), and NCCL's maintainers ask that the environment
+be set consistently on every rank (nccl#626).
+
+The payload of the ``node-agreement`` patch (``sglang_pcie.patching.node_agreement``): ``wrap`` is installed over
+SGLang's ``parallel_state.init_distributed_environment`` at import, ``agreeing`` is the decorator the versioned
+diffs put on it. After the first call returns, ``check_once`` runs, and only where the launch spans nodes
+(``SGLANG_PCIE_NNODES`` above 1, or a world larger than this node's GPUs); a one-node server inherits one
+environment in every rank and is left alone (nothing gathered).
+
+The settings travel through the store of torch's default process group (the TCP store every rank reached at
+``init_process_group``), not through a collective: a node where this check does not run (no sglang-pcie, switched
+off, an older version) leaves no record and is named after a bounded wait, where a collective on SGLang's CPU
+group would block the others in a mismatched collective until the group's timeout (120 minutes).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Iterable, Mapping
+
+from sglang_pcie.runtime import launch as launches
+from sglang_pcie.runtime.bounded_read import Unreadable, read_text
+from sglang_pcie.runtime.results import StrictModeError, mark
+from sglang_pcie.runtime.settings import IPC_VARS
+
+PATCH_ID = "node-agreement"
+PREFIX = f"sglang-pcie {PATCH_ID}"
+KEY = "sglang-pcie/node-agreement/v1/rank-"  # one key per rank in the default store
+WAIT_S = 60.0  # ranks reach the check within seconds of each other: gloo connected all of them just before
+DECIDED_VAR = "SGLANG_PCIE_NCCL_DECIDED"  # runtime.nccl's, written by each node's launcher
+
+# Every NCCL_* variable is compared between nodes (a variable this list does not know is still one the other node's
+# NCCL may read), except those that name this host's own devices and files: those may differ from node to node,
+# but not between the ranks of one node (NVIDIA/nccl#1478: NCCL_IB_HCA set per rank breaks NCCL's rings).
+PER_NODE = {
+    "NCCL_SOCKET_IFNAME": "names this host's network interfaces",
+    "NCCL_IB_HCA": "names this host's InfiniBand / RoCE adapters and ports",
+    "NCCL_IB_GID_INDEX": "indexes this host's RoCE GID table",
+    "NCCL_TOPO_FILE": "describes this host's PCI / NIC topology",
+    "NCCL_HOSTID": "this host's identity, as NCCL tells hosts apart",
+}
+# Never compared: outputs and logging, and the config file's path (the values it sets are compared instead).
+EXCLUDED = {
+    "NCCL_TOPO_DUMP_FILE": "where NCCL writes the topology it found",
+    "NCCL_GRAPH_DUMP_FILE": "where NCCL writes the search graph it found",
+    "NCCL_RAS_ADDR": "where this process's RAS monitor listens",
+    "NCCL_CONF_FILE": "a path; the values the file sets are compared instead",
+}
+EXCLUDED_PREFIXES = {"NCCL_DEBUG": "logging only (NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE, ...)"}
+# Besides NCCL's: SGLang's PCIe-IPC all-reduce switch and bound, and sglang-pcie's own decision.
+ALLREDUCE_VARS = (*IPC_VARS, DECIDED_VAR)
+# Names of the compared values that are not variables.
+VERSIONS = ("sglang-pcie version", "sglang version", "NCCL version (torch's)")
+CONF_PROBLEM = "NCCL config file"
+MAX_VALUE_CHARS = 256
+MAX_VALUES = 128
+MAX_RECORD_BYTES = 256 * 1024
+SHOWN_CHARS = 80
+
+logger = logging.getLogger(__name__)
+_checked = False  # the comparison runs once per process
+
+
+def excluded(name: str) -> bool:
+    return name in EXCLUDED or name.startswith(tuple(EXCLUDED_PREFIXES))
+
+
+# -- what one rank compares
+
+def conf_files(environ: Mapping[str, str], home: str | None = None) -> list[str]:
+    """The files NCCL reads its variables from, in NCCL's order (src/misc/param.cc): ``NCCL_CONF_FILE`` or else
+    ``~/.nccl.conf`` (the user's home from the password database, as NCCL finds it), then ``/etc/nccl.conf``."""
+    user = environ.get("NCCL_CONF_FILE", "")
+    if not user:
+        if home is None:
+            try:
+                import pwd
+
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except (ImportError, KeyError):
+                home = None
+        user = os.path.join(home, ".nccl.conf") if home else ""
+    return [path for path in (user, "/etc/nccl.conf") if path]
+
+
+def read_conf(text: str) -> dict[str, str]:
+    """``NAME=VALUE`` lines as NCCL reads them: '#' lines skipped, the name up to the first '=', the value after it
+    with only its line end removed; the first setting of a name wins (NCCL's setenv does not overwrite)."""
+    found: dict[str, str] = {}
+    for line in text.split("\n"):
+        if line.startswith("#") or "=" not in line:
+            continue
+        name, value = line.split("=", 1)
+        found.setdefault(name[:1023], value[:1023])
+    return found
+
+
+def effective_values(environ: Mapping[str, str], files: Iterable[str] = (),
+                     read: Callable[[str], str] = read_text) -> dict[str, tuple[str, str | None]]:
+    """{name: (value, source)} of what decides NCCL's protocol, algorithm and transport in this process and SGLang's
+    all-reduce path: the environment first (source None), then NCCL's config files (source: the file), as NCCL
+    resolves them; EXCLUDED names left out (PER_NODE ones kept: they are compared within a node)."""
+    values = {name: (value, None) for name, value in environ.items()
+              if (name.startswith("NCCL_") and not excluded(name)) or name in ALLREDUCE_VARS}
+    for path in files:
+        try:
+            text = read(path)
+        except OSError:  # no such file, or not readable: NCCL's fopen fails alike and reads nothing from it
+            continue
+        except Unreadable as exc:
+            values.setdefault(CONF_PROBLEM, (f"{path} not read: {exc}", None))
+            continue
+        for name, value in read_conf(text).items():
+            if name.startswith("NCCL_") and not excluded(name):
+                values.setdefault(name, (value, path))
+    # An empty value is NCCL's default, as an unset one is (it still keeps a file's value out, as in NCCL).
+    return {name: value for name, value in values.items() if value[0] != ""}
+
+
+def versions() -> dict[str, tuple[str, None]]:
+    """sglang-pcie's, SGLang's and NCCL's versions in this process (those that can be read)."""
+    found = {VERSIONS[0]: getattr(sys.modules.get("sglang_pcie"), "__version__", None),
+             VERSIONS[1]: getattr(sys.modules.get("sglang"), "__version__", None)}
+    try:
+        import torch.cuda.nccl
+
+        found[VERSIONS[2]] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # torch built without NCCL: nothing to compare
+        pass
+    return {name: (str(value), None) for name, value in found.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Record:
+    rank: int
+    host: str
+    node: int | None  # node rank, where the launch says it
+    values: dict  # name -> (value, source): source None for the environment, else the file it came from
+
+    def to_json(self) -> bytes:
+        kept = sorted(self.values.items())[:MAX_VALUES]
+        values = {name: [value[:MAX_VALUE_CHARS], source] for name, (value, source) in kept}
+        return json.dumps({"rank": self.rank, "host": self.host[:MAX_VALUE_CHARS], "node": self.node,
+                           "values": values}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Record":
+        """A record another rank wrote; ValueError naming what is wrong."""
+        if len(raw) > MAX_RECORD_BYTES:
+            raise ValueError(f"{len(raw)} bytes (at most {MAX_RECORD_BYTES})")
+        data = json.loads(raw.decode("utf-8"))
+        ok = (isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("host"), str)
+              and (data.get("node") is None or isinstance(data.get("node"), int))
+              and isinstance(data.get("values"), dict) and len(data["values"]) <= MAX_VALUES
+              and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                      and (v[1] is None or isinstance(v[1], str)) for k, v in data["values"].items()))
+        if not ok:
+            raise ValueError("not a node-agreement record")
+        return cls(data["rank"], data["host"], data["node"], {k: tuple(v) for k, v in data["values"].items()})
+
+
+def node_rank(rank: int, world_size: int, environ: Mapping[str, str], argv: list[str] | None = None) -> int | None:
+    """This node's rank: from the launch (SGLang's --node-rank, torch's GROUP_RANK, SLURM_NODEID), else
+    rank // ranks-per-node where SGLANG_PCIE_NNODES divides the world."""
+    others = {k: v for k, v in environ.items() if k != launches.NODES_VAR}
+    found = launches.detect(sys.argv[1:] if argv is None else argv, others).node_rank
+    if found is not None:
+        return found
+    try:
+        nodes = int(environ.get(launches.NODES_VAR, ""))
+    except ValueError:
+        return None
+    return rank // (world_size // nodes) if nodes > 0 and world_size % nodes == 0 else None
+
+
+def own_record(rank: int, world_size: int, environ: Mapping[str, str]) -> Record:
+    values = effective_values(environ, conf_files(environ))
+    values.update(versions())
+    return Record(rank, socket.gethostname(), node_rank(rank, world_size, environ), values)
+
+
+# -- the comparison, on records
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``ranks 0-2, 5``."""
+    ordered, spans = sorted(ranks), []
+    for r in ordered:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
+    return f"rank{'s' if len(ordered) > 1 else ''} {text}"
+
+
+def node_of(record: Record) -> tuple:
+    return (record.node if record.node is not None else -1, record.host)
+
+
+def node_label(record: Record, ranks: Iterable[int]) -> str:
+    name = f"node {record.node} ({record.host}, " if record.node is not None else f"{record.host} ("
+    return f"{name}{ranks_text(ranks)})"
+
+
+def shown(value: tuple[str, str | None] | None) -> str:
+    if value is None:
+        return "unset"
+    text, source = value
+    text = repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "...")
+    return f"{text} from {source}" if source else text
+
+
+def differences(records: list[Record]) -> dict[str, str]:
+    """{name: its line} for each setting whose value is not the same on every rank (for PER_NODE names: on every
+    rank of one node), the line naming each node (and its ranks) with its value; {} where all agree. Sources
+    (which file) are shown but are not a difference."""
+    names = sorted({name for record in records for name in record.values})
+    lines = {}
+    for name in names:
+        def distinct(group):
+            return len({(record.values.get(name) or (None,))[0] for record in group}) > 1
+
+        if name in PER_NODE:
+            by_node: dict[tuple, list[Record]] = {}
+            for record in records:
+                by_node.setdefault(node_of(record), []).append(record)
+            shown_records = [r for group in by_node.values() if distinct(group) for r in group]
+            where = "within a node (it may differ between nodes, not between the ranks of one)"
+        else:
+            shown_records = records if distinct(records) else []
+            where = "between nodes"
+        if not shown_records:
+            continue
+        groups: dict[tuple, list[Record]] = {}
+        for record in sorted(shown_records, key=lambda r: (node_of(r), r.rank)):
+            groups.setdefault((node_of(record), record.values.get(name)), []).append(record)
+        parts = [f"{node_label(members[0], [m.rank for m in members])} {shown(value)}"
+                 for (_, value), members in groups.items()]
+        lines[name] = f"{PREFIX}: {name} differs {where}: " + "; ".join(parts)
+    return lines
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lines: list  # the error lines (empty: every node agrees)
+    differing: list  # the names of the settings that differ
+    unknown: list  # ranks whose settings could not be compared (sent none, or nothing readable)
+    nodes: int  # nodes that reported
+    speaks: bool  # whether this rank logs the lines (the first rank of each node does)
+
+
+def verdict(own: Record, records: list[Record], missing: list[int], unreadable: dict[int, str], strict: bool,
+            wait_s: float) -> Verdict:
+    """The error lines for what the ranks reported: one per differing setting, one for ranks that sent nothing
+    (or nothing readable), then one saying what it means."""
+    found = differences(records)
+    lines = list(found.values())
+    if missing:
+        lines.append(f"{PREFIX}: {ranks_text(missing)} sent no settings within {wait_s:g} s (sglang-pcie not active "
+                     "there, node-agreement switched off, or an older sglang-pcie): their NCCL settings are unknown")
+    lines += [f"{PREFIX}: rank {rank} sent an unreadable record ({problem})"
+              for rank, problem in sorted(unreadable.items())]
+    nodes = len({node_of(r) for r in records})
+    unknown = sorted([*missing, *unreadable])
+    if lines:
+        what = [f"{len(found)} setting(s) differ between the {nodes} node(s) "
+                f"{'that sent theirs' if unknown else 'of this server'}"] if found else []
+        what += [f"the settings of {ranks_text(unknown)} could not be compared"] if unknown else []
+        action = ("the start stops (SGLANG_PCIE_STRICT=1)" if strict else
+                  "set the same values on every node (SGLANG_PCIE_STRICT=1 stops the start instead)")
+        lines.append(f"{PREFIX}: {' and '.join(what)}; NCCL ranks that disagree on protocol, algorithm or transport "
+                     f"can hang at some message sizes: {action}")
+    first_of_node = min(r.rank for r in records if node_of(r) == node_of(own))
+    return Verdict(lines, list(found), unknown, nodes, speaks=own.rank == first_of_node)
+
+
+# -- the exchange, through the default process group's store
+
+def exchange(store, rank: int, world_size: int, payload: bytes, wait_s: float) -> tuple[dict[int, bytes], list[int]]:
+    """Write this rank's record and read every rank's, waiting at most ``wait_s`` for them: ({rank: record},
+    ranks that wrote none). Never blocks another rank: a rank that never writes only delays the others by
+    ``wait_s``. Returns once every rank that wrote has read (bounded alike): the store lives in rank 0's process,
+    which may stop right after (SGLANG_PCIE_STRICT=1)."""
+    keys = [f"{KEY}{r}" for r in range(world_size)]
+    store.set(keys[rank], payload)
+    _wait(store, keys, wait_s)
+    present = [r for r in range(world_size) if r == rank or store.check([keys[r]])]
+    try:
+        values = store.multi_get([keys[r] for r in present])
+    except (AttributeError, RuntimeError, NotImplementedError):  # a store without the extended API
+        values = [store.get(keys[r]) for r in present]
+    store.set(f"{KEY}read-{rank}", b"1")
+    _wait(store, [f"{KEY}read-{r}" for r in present], wait_s)
+    return dict(zip(present, values)), [r for r in range(world_size) if r not in present]
+
+
+def _wait(store, keys: list[str], wait_s: float) -> None:
+    try:
+        store.wait(keys, timedelta(seconds=wait_s))
+    except RuntimeError:  # torch's DistStoreError on timeout: the caller sees which keys are there
+        pass
+
+
+def agree(store, rank: int, world_size: int, environ: Mapping[str, str], strict: bool,
+          wait_s: float | None = None) -> Verdict:
+    """Compare this rank's settings with every other rank's; log the lines (the first rank of each node), and
+    raise StrictModeError on every rank where they differ and ``strict``."""
+    wait_s = WAIT_S if wait_s is None else wait_s
+    own = own_record(rank, world_size, environ)
+    raw, missing = exchange(store, rank, world_size, own.to_json(), wait_s)
+    records, unreadable = [], {}
+    for other, payload in sorted(raw.items()):
+        try:
+            records.append(own if other == rank else Record.from_json(bytes(payload)))
+        except ValueError as exc:  # json's errors are ValueErrors too
+            unreadable[other] = str(exc)[:SHOWN_CHARS]
+    result = verdict(own, records, missing, unreadable, strict, wait_s)
+    if result.lines and result.speaks:
+        for line in result.lines:
+            logger.error(line)
+    if result.lines and strict:
+        what = [", ".join(result.differing)] if result.differing else []
+        what += [f"the settings of {ranks_text(result.unknown)} unknown"] if result.unknown else []
+        raise StrictModeError(f"sglang-pcie: SGLANG_PCIE_STRICT=1 and the nodes of this server disagree: "
+                              f"{'; '.join(what)} (the {PATCH_ID} lines name each node's value)")
+    return result
+
+
+# -- when: once, after SGLang's world group exists, where the launch spans nodes
+
+def spans_nodes(world_size: int, environ: Mapping[str, str], local_gpus: int | None) -> str | None:
+    """Why this world spans nodes, or None: the launcher's SGLANG_PCIE_NNODES, or more ranks than GPUs here."""
+    try:
+        nodes = int(environ.get(launches.NODES_VAR, "").strip())
+    except ValueError:
+        nodes = 0
+    if nodes > 1:
+        return f"{launches.NODES_VAR}={nodes}"
+    if local_gpus and world_size > local_gpus:
+        return f"a world of {world_size} ranks and {local_gpus} GPU(s) on this node"
+    return None
+
+
+def local_gpu_count(environ: Mapping[str, str]) -> int | None:
+    """GPUs this process sees; None where that does not count the node's (one visible device per process)."""
+    if environ.get("SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS", "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def check_once(environ: Mapping[str, str] | None = None) -> Verdict | None:
+    """The comparison, the first time SGLang's world group is set up in this process; None where it did not run."""
+    global _checked
+    if _checked:
+        return None
+    _checked = True
+    import torch.distributed as dist
+
+    from sglang_pcie.runtime.settings import for_process
+
+    env = os.environ if environ is None else environ
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    world_size = dist.get_world_size()
+    if spans_nodes(world_size, env, local_gpu_count(env)) is None:
+        return None
+    strict = for_process().strict
+    try:
+        return agree(dist.distributed_c10d._get_default_store(), dist.get_rank(), world_size, env, strict)
+    except StrictModeError:
+        raise
+    except Exception as exc:  # the comparison itself failed: said once, never a reason to stop unless strict
+        message = f"{PREFIX}: NCCL settings of the nodes not compared: {type(exc).__name__}: {exc}"
+        if strict:
+            raise StrictModeError(f"sglang-pcie: SGLANG_PCIE_STRICT=1 and {message}") from exc
+        logger.warning(message)
+        return None
+
+
+def runtime_problem() -> str | None:
+    """Why the comparison cannot run with this torch, or None."""
+    try:
+        from torch.distributed import distributed_c10d
+    except ImportError as exc:
+        return f"torch.distributed does not import: {exc}"
+    if not callable(getattr(distributed_c10d, "_get_default_store", None)):
+        return "torch.distributed has no _get_default_store (the store the nodes' settings travel through)"
+    return None
+
+
+def wrap(init_distributed_environment: Callable) -> Callable:
+    """SGLang's init_distributed_environment, followed (the first time) by the comparison."""
+    @functools.wraps(init_distributed_environment)
+    def init_distributed_environment_then_agree(*args, **kwargs):
+        result = init_distributed_environment(*args, **kwargs)
+        if not kwargs.get("recovered_rank"):  # an elastic-EP joiner: the others compared at their own start
+            check_once()
+        return result
+    return mark(init_distributed_environment_then_agree, PATCH_ID)
+
+
+def agreeing(init_distributed_environment: Callable) -> Callable:
+    """The decorator the versioned diffs put on init_distributed_environment: ``wrap`` unless the patch is
+    switched off (the register's gate, as at activation)."""
+    from sglang_pcie.patching import register
+    from sglang_pcie.runtime.settings import for_process
+
+    if register.disabled_reason(register.entry(PATCH_ID), for_process()) is not None:
+        return init_distributed_environment
+    return wrap(init_distributed_environment)

@@ -1,0 +1,292 @@
+"""node-agreement's comparison: what is compared (the environment, NCCL's config files, the exclusions), the one
+line per differing setting, when it runs; then the real thing on CPU: ranks in child processes joined in a gloo
+world through torch's TCP store (tests/support/scripts/agreement_rank.py), each "node" with its own settings."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sglang_pcie.runtime import agreement
+from sglang_pcie.runtime.agreement import CONF_PROBLEM, Record
+from sglang_pcie.runtime.bounded_read import MAX_BYTES
+from sglang_pcie.runtime.results import is_patched
+from sglang_pcie.tools.processes import free_port
+
+from support import SUPPORT
+
+SCRIPT = SUPPORT / "scripts" / "agreement_rank.py"
+HOST = socket.gethostname()
+P = agreement.PREFIX
+
+
+# -- what one rank compares
+
+def test_every_nccl_variable_is_compared_except_outputs_logging_and_the_config_files_path():
+    env = {"NCCL_PROTO": "LL", "NCCL_IB_DISABLE": "1", "NCCL_SOME_FUTURE_SWITCH": "x", "NCCL_SOCKET_IFNAME": "eth0",
+           "NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_TOPO_DUMP_FILE": "/t.xml",
+           "NCCL_CONF_FILE": "/c", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PCIE_IPC_MAX_NUMEL": "57344",
+           "SGLANG_PCIE_NCCL_DECIDED": "tuned", "SGLANG_PCIE_TUNED_FILE": "/home/a/t.json", "PATH": "/bin"}
+    assert agreement.effective_values(env) == {
+        "NCCL_PROTO": ("LL", None), "NCCL_IB_DISABLE": ("1", None), "NCCL_SOME_FUTURE_SWITCH": ("x", None),
+        "NCCL_SOCKET_IFNAME": ("eth0", None), "NCCL_IB_HCA": ("mlx5_0", None),  # compared within a node
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": ("1", None), "SGLANG_PCIE_IPC_MAX_NUMEL": ("57344", None),
+        "SGLANG_PCIE_NCCL_DECIDED": ("tuned", None)}
+    assert all(agreement.excluded(name) for name in agreement.EXCLUDED)
+    assert not any(agreement.excluded(name) for name in agreement.PER_NODE)
+    assert agreement.excluded("NCCL_DEBUG_FILE") and not agreement.excluded("NCCL_ALGO")
+
+
+def test_nccl_config_files_are_read_as_nccl_reads_them(tmp_path):
+    user, system = tmp_path / "user.conf", tmp_path / "nccl.conf"
+    user.write_text("# NCCL_ALGO=Ring is a comment\nNCCL_ALGO=Tree\nNCCL_PROTO=Simple\nnot a setting\n"
+                    "NCCL_SOCKET_IFNAME==ens1f0\nNCCL_NET_GDR_LEVEL==PHB\nOTHER=1\nNCCL_ALGO=Ring\n")
+    system.write_text("NCCL_ALGO=CollnetDirect\nNCCL_BUFFSIZE=4194304\r\n")
+    values = agreement.effective_values({"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": ""},
+                                        [str(user), str(tmp_path / "absent"), str(system)])
+    assert values == {"NCCL_PROTO": ("LL", None),  # the environment wins, as NCCL's setenv(..., 0) lets it
+                      "NCCL_ALGO": ("Tree", str(user)),  # the first file and the first line win
+                      "NCCL_SOCKET_IFNAME": ("=ens1f0", str(user)),  # everything after the first '='
+                      "NCCL_NET_GDR_LEVEL": ("=PHB", str(user))}  # NCCL_BUFFSIZE: set empty, the default
+    assert agreement.effective_values({}, [str(system)])["NCCL_BUFFSIZE"] == ("4194304\r", str(system))
+
+
+def test_a_config_file_that_cannot_be_read_within_bounds_is_compared_as_such(tmp_path):
+    big = tmp_path / "nccl.conf"
+    big.write_text("NCCL_ALGO=Tree\n" + "#" * MAX_BYTES)
+    values = agreement.effective_values({}, [str(big)])
+    assert list(values) == [CONF_PROBLEM] and values[CONF_PROBLEM][0].startswith(f"{big} not read: ")
+
+
+def test_the_config_files_nccl_looks_for(tmp_path):
+    assert agreement.conf_files({"NCCL_CONF_FILE": "/x/my.conf"}) == ["/x/my.conf", "/etc/nccl.conf"]
+    assert agreement.conf_files({}, home=str(tmp_path)) == [str(tmp_path / ".nccl.conf"), "/etc/nccl.conf"]
+
+
+def test_node_rank_from_the_launch_else_from_the_rank():
+    assert agreement.node_rank(9, 16, {}, ["--nnodes", "2", "--node-rank", "1"]) == 1
+    assert agreement.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "2"}, ["--model-path", "m"]) == 1  # 8 ranks a node
+    assert agreement.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "3"}, []) is None  # 16 ranks do not split in 3
+    torchrun = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1"}
+    assert agreement.node_rank(9, 16, torchrun, []) == 1
+
+
+def test_the_check_runs_only_where_the_launch_spans_nodes():
+    assert agreement.spans_nodes(16, {"SGLANG_PCIE_NNODES": "2"}, 8) == "SGLANG_PCIE_NNODES=2"
+    assert agreement.spans_nodes(16, {}, 8) == "a world of 16 ranks and 8 GPU(s) on this node"
+    assert agreement.spans_nodes(8, {"SGLANG_PCIE_NNODES": "1"}, 8) is None
+    assert agreement.spans_nodes(8, {"SGLANG_PCIE_NNODES": "two"}, None) is None
+    assert agreement.local_gpu_count({"SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS": "1"}) is None
+
+
+def test_records_travel_as_bounded_json():
+    record = Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("x" * 1000, "/etc/nccl.conf")})
+    back = Record.from_json(record.to_json())
+    assert back == Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None),
+                                          "NCCL_ALGO": ("x" * agreement.MAX_VALUE_CHARS, "/etc/nccl.conf")})
+    many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(500)})
+    assert len(Record.from_json(many.to_json()).values) == agreement.MAX_VALUES
+    for bad in (b"[]", b'{"rank": "0", "host": "h", "node": null, "values": {}}',
+                b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1"]}}', b"\xff",
+                b" " * (agreement.MAX_RECORD_BYTES + 1)):
+        with pytest.raises(ValueError):
+            Record.from_json(bad)
+
+
+# -- the lines
+
+def records(*specs) -> list[Record]:
+    """(rank, node, values) -> records on host box-<node>."""
+    return [Record(rank, f"box-{node}", node, values) for rank, node, values in specs]
+
+
+def test_one_line_per_differing_setting_naming_each_node_and_its_value():
+    found = agreement.differences(records(
+        (0, 0, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("Ring", None)}),
+        (1, 0, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("Ring", "/etc/nccl.conf")}),  # same value: agrees
+        (2, 1, {"NCCL_ALGO": ("Ring", None), "NCCL_BUFFSIZE": ("4194304", "/etc/nccl.conf")}),
+        (3, 1, {"NCCL_ALGO": ("Ring", None), "NCCL_BUFFSIZE": ("4194304", "/etc/nccl.conf")})))
+    assert found == {
+        "NCCL_BUFFSIZE": f"{P}: NCCL_BUFFSIZE differs between nodes: node 0 (box-0, ranks 0-1) unset; "
+                         "node 1 (box-1, ranks 2-3) '4194304' from /etc/nccl.conf",
+        "NCCL_PROTO": f"{P}: NCCL_PROTO differs between nodes: node 0 (box-0, ranks 0-1) 'LL'; "
+                      "node 1 (box-1, ranks 2-3) unset"}
+
+
+def test_host_specific_settings_may_differ_between_nodes_not_within_one():
+    hca = "NCCL_IB_HCA"
+    found = agreement.differences(records(
+        (0, 0, {hca: ("mlx5_0", None)}), (1, 0, {hca: ("mlx5_0", None)}),
+        (2, 1, {hca: ("mlx5_2", None)}), (3, 1, {hca: ("mlx5_3", None)}),
+        (4, 2, {hca: ("mlx5_4", None)})))
+    assert found == {hca: f"{P}: NCCL_IB_HCA differs within a node (it may differ between nodes, not between the "
+                          "ranks of one): node 1 (box-1, rank 2) 'mlx5_2'; node 1 (box-1, rank 3) 'mlx5_3'"}
+    per_node = records((0, 0, {hca: ("mlx5_0", None)}), (1, 1, {hca: ("mlx5_1", None)}))
+    assert agreement.differences(per_node) == {}
+
+
+def test_ranks_of_one_node_that_differ_are_named_apart_and_long_values_cut():
+    long = "x" * 100
+    found = agreement.differences(records((0, 0, {"NCCL_X": (long, None)}), (1, 0, {}), (2, 1, {}),
+                                          (5, 1, {}), (4, 1, {"NCCL_X": (long, None)})))
+    assert found["NCCL_X"] == (f"{P}: NCCL_X differs between nodes: node 0 (box-0, rank 0) '{'x' * 80}...'; "
+                               "node 0 (box-0, rank 1) unset; node 1 (box-1, ranks 2, 5) unset; "
+                               f"node 1 (box-1, rank 4) '{'x' * 80}...'")
+    assert agreement.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+    assert agreement.node_label(Record(2, "h", None, {}), [2, 3]) == "h (ranks 2-3)"
+
+
+def test_the_verdict_adds_what_it_means_and_the_first_rank_of_each_node_speaks():
+    ranks = records((0, 0, {"NCCL_PROTO": ("LL", None)}), (1, 0, {"NCCL_PROTO": ("LL", None)}), (2, 1, {}))
+    verdict = agreement.verdict(ranks[1], ranks, [3], {4: "not JSON"}, strict=False, wait_s=60)
+    assert verdict.lines == [
+        f"{P}: NCCL_PROTO differs between nodes: node 0 (box-0, ranks 0-1) 'LL'; node 1 (box-1, rank 2) unset",
+        f"{P}: rank 3 sent no settings within 60 s (sglang-pcie not active there, node-agreement switched off, or "
+        "an older sglang-pcie): their NCCL settings are unknown",
+        f"{P}: rank 4 sent an unreadable record (not JSON)",
+        f"{P}: 1 setting(s) differ between the 2 node(s) that sent theirs and the settings of ranks 3-4 could not be "
+        "compared; NCCL ranks that disagree on protocol, algorithm or transport can hang at some message sizes: set "
+        "the same values on every node (SGLANG_PCIE_STRICT=1 stops the start instead)"]
+    assert (verdict.differing, verdict.unknown, verdict.nodes, verdict.speaks) == (["NCCL_PROTO"], [3, 4], 2, False)
+    assert agreement.verdict(ranks[2], ranks, [], {}, strict=True, wait_s=60).lines[-1].endswith(
+        "at some message sizes: the start stops (SGLANG_PCIE_STRICT=1)")
+    agreeing = records((0, 0, {"NCCL_PROTO": ("LL", None)}), (1, 1, {"NCCL_PROTO": ("LL", "/etc/nccl.conf")}))
+    assert agreement.verdict(agreeing[0], agreeing, [], {}, strict=True, wait_s=60).lines == []
+
+
+# -- the wrappers
+
+def test_wrap_marks_and_agreeing_follows_the_registers_gate(monkeypatch):
+    def init_distributed_environment(world_size=-1, rank=-1):
+        return "done"
+
+    wrapped = agreement.agreeing(init_distributed_environment)
+    assert is_patched(wrapped, agreement.PATCH_ID) and wrapped.__wrapped__ is init_distributed_environment
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", agreement.PATCH_ID)
+    monkeypatch.setattr("sglang_pcie.runtime.settings._PROCESS_SETTINGS", None)
+    assert agreement.agreeing(init_distributed_environment) is init_distributed_environment
+
+
+# -- the real comparison: ranks in child processes, a gloo world, torch's TCP store
+
+@pytest.fixture(scope="module")
+def torch_python(sglang_env):
+    return sglang_env("0.5.9")  # torch, and this checkout's wheel
+
+
+def run_world(env_of, ranks: list[dict], tmp_path: Path, timeout: float = 240) -> list[dict]:
+    """Start every rank (``{"env": {...}, "args": [...]}``), wait for all; each rank's exit code, stdout JSON (or
+    None) and stderr."""
+    port = free_port()
+    procs = []
+    for rank, spec in enumerate(ranks):
+        command = [str(env_of.python), str(SCRIPT), "--rank", str(rank), "--world", str(len(ranks)),
+                   "--port", str(port), *spec.get("args", [])]
+        procs.append(subprocess.Popen(command, env=env_of.env(spec.get("env")), cwd=env_of.workdir, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            lines = [line for line in out.splitlines() if line.startswith("{")]  # gloo says hello on stdout
+            results.append({"rc": proc.returncode, "json": json.loads(lines[-1]) if lines else None, "err": err})
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return results
+
+
+def node(n: int, nodes: int = 2, **env) -> dict:
+    return {"env": {"SGLANG_PCIE_NNODES": str(nodes), **env}, "args": ["--nnodes", str(nodes), "--node-rank", str(n)]}
+
+
+def said(result: dict) -> list[str]:
+    return [line for line in result["err"].splitlines() if line.startswith(P)]
+
+
+TUNED_LL = {"NCCL_PROTO": "LL", "SGLANG_PCIE_NCCL_DECIDED": "tuned"}
+UNTUNED = {"SGLANG_PCIE_NCCL_DECIDED": "none"}
+
+
+def expected_two_node_lines(strict: bool) -> list[str]:
+    ending = ("the start stops (SGLANG_PCIE_STRICT=1)" if strict else
+              "set the same values on every node (SGLANG_PCIE_STRICT=1 stops the start instead)")
+    return [f"{P}: NCCL_PROTO differs between nodes: node 0 ({HOST}, rank 0) 'LL'; node 1 ({HOST}, rank 1) unset",
+            f"{P}: SGLANG_PCIE_NCCL_DECIDED differs between nodes: node 0 ({HOST}, rank 0) 'tuned'; "
+            f"node 1 ({HOST}, rank 1) 'none'",
+            f"{P}: 2 setting(s) differ between the 2 node(s) of this server; NCCL ranks that disagree on protocol, "
+            f"algorithm or transport can hang at some message sizes: {ending}"]
+
+
+def test_two_nodes_that_disagree_are_named_and_the_start_goes_on(torch_python, tmp_path):
+    results = run_world(torch_python, [node(0, **TUNED_LL), node(1, **UNTUNED)], tmp_path)
+    for result in results:  # each node's first rank says it, once
+        assert result["rc"] == 0 and result["json"]["started"], result["err"]
+        assert said(result) == expected_two_node_lines(strict=False)
+        assert result["json"]["verdict"]["differing"] == ["NCCL_PROTO", "SGLANG_PCIE_NCCL_DECIDED"]
+
+
+def test_with_strict_the_start_of_every_rank_stops(torch_python, tmp_path):
+    strict = {"SGLANG_PCIE_STRICT": "1"}
+    results = run_world(torch_python, [node(0, **TUNED_LL, **strict), node(1, **UNTUNED, **strict)], tmp_path)
+    for result in results:
+        assert result["rc"] == 1 and result["json"] is None, result["err"]
+        assert said(result) == expected_two_node_lines(strict=True)
+        assert ("StrictModeError: sglang-pcie: SGLANG_PCIE_STRICT=1 and the nodes of this server disagree: "
+                "NCCL_PROTO, SGLANG_PCIE_NCCL_DECIDED (the node-agreement lines name each node's value)"
+                ) in result["err"]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_three_ranks_on_two_nodes_a_setting_from_a_config_file(torch_python, tmp_path, strict):
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_ALGO=Tree\n")
+    flag = {"SGLANG_PCIE_STRICT": "1"} if strict else {}
+    eth0, ens1 = {"NCCL_SOCKET_IFNAME": "eth0"}, {"NCCL_SOCKET_IFNAME": "ens1"}  # per host: not a difference
+    results = run_world(torch_python, [node(0, **UNTUNED, **eth0, **flag), node(0, **UNTUNED, **eth0, **flag),
+                                       node(1, **UNTUNED, **ens1, NCCL_CONF_FILE=str(conf), **flag)], tmp_path)
+    line = (f"{P}: NCCL_ALGO differs between nodes: node 0 ({HOST}, ranks 0-1) unset; "
+            f"node 1 ({HOST}, rank 2) 'Tree' from {conf}")
+    for rank, result in enumerate(results):
+        assert result["rc"] == (1 if strict else 0), result["err"]
+        assert said(result)[:1] == ([] if rank == 1 else [line])  # rank 1 is not its node's first
+        assert len(said(result)) == (0 if rank == 1 else 2)  # the line and what it means
+        if not strict:
+            assert result["json"]["verdict"]["nodes"] == 2 and result["json"]["verdict"]["differing"] == ["NCCL_ALGO"]
+
+
+def test_agreeing_nodes_say_nothing(torch_python, tmp_path):
+    same = {"NCCL_PROTO": "LL", "SGLANG_PCIE_NCCL_DECIDED": "pcie"}
+    results = run_world(torch_python, [node(0, **same), node(1, **same)], tmp_path)
+    for result in results:
+        assert result["rc"] == 0 and said(result) == [] and P not in result["err"], result["err"]
+        assert result["json"]["verdict"]["lines"] == [] and result["json"]["verdict"]["nodes"] == 2
+        assert result["json"]["keys_written"] == [0, 1]  # compared, silently
+
+
+def test_a_single_node_server_gathers_nothing(torch_python, tmp_path):
+    # One node: every rank inherits one environment; even a rank whose settings differ is not looked at.
+    results = run_world(torch_python, [{"env": TUNED_LL}, {"env": UNTUNED}], tmp_path)
+    for result in results:
+        assert result["rc"] == 0 and P not in result["err"], result["err"]
+        assert result["json"]["verdict"] is None and result["json"]["keys_written"] == []
+
+
+@pytest.mark.parametrize("absent", [0, 1], ids=["store-host-absent", "second-node-absent"])
+def test_a_node_without_the_check_is_named_after_a_bounded_wait(torch_python, tmp_path, absent):
+    ranks = [node(0, **UNTUNED), node(1, **UNTUNED)]
+    ranks[absent]["args"] += ["--absent", "--linger", "8"]
+    ranks[1 - absent]["args"] += ["--wait", "2"]
+    results = run_world(torch_python, ranks, tmp_path)
+    present = results[1 - absent]
+    assert all(r["rc"] == 0 for r in results), [r["err"] for r in results]
+    assert said(present)[0] == (f"{P}: rank {absent} sent no settings within 2 s (sglang-pcie not active there, "
+                                "node-agreement switched off, or an older sglang-pcie): their NCCL settings are "
+                                "unknown")
+    assert present["json"]["verdict"]["unknown"] == [absent] and said(results[absent]) == []
