@@ -70,7 +70,8 @@ def main() -> int:
               f" (plain mixed model: {plain['variants'][name]['differ']})"
               + (f", max logprob diff {v['max_logprob_diff']:g}" if v["max_logprob_diff"] is not None else ""))
     for what, counts in checked.get("sweep", {}).items():
-        print(f"  {what}, every layer: " + ", ".join(f"x{float(f):g}: {n}" for f, n in counts.items()))
+        print(f"  {what}, every layer: " + ", ".join(f"{f if f.startswith('2^') else 'x%g' % float(f)}: {n}"
+                                                      for f, n in counts.items()))
     return 0
 
 

@@ -74,7 +74,7 @@ def _bf16(raw: bytes, index: int) -> float:
 
 def test_all_reduce_check_layout(tmp_path):
     """The construction, read back from the files: paired heads / KV heads / MLP blocks whose o_proj / down_proj
-    rows subtract each pair; the chain's rows (two equal weights on pair 0) in the last 2 x layers coordinates;
+    rows subtract each pair (but for dimension 0's); the chain's rows (two equal weights on pair 0) in the last 2 x layers coordinates;
     +-2^-3 embeddings (dimension 0 positive, chain coordinates zero), out-of-draft tokens aliased to draft ones; a
     decoy row per draft token."""
     assert cli_main(["make-test-models", str(tmp_path), "--acceptance", "mixed", "--all-reduce-check"]) == 0
@@ -82,8 +82,8 @@ def test_all_reduce_check_layout(tmp_path):
     h, d, heads, inter, layers = shape.hidden, shape.head_dim, shape.heads, shape.intermediate, shape.layers
     chain = list(range(h - 2 * layers, h))
     target, draft = tmp_path / "target/model.safetensors", tmp_path / "draft/model.safetensors"
-    for file, prefix, in_dim, rows in ((target, "model.layers.2", h, (0, 1, chain[0] - 1)),
-                                       (draft, "midlayer", 2 * h, (0, 1, h - 1))):
+    for file, prefix, in_dim, rows in ((target, "model.layers.2", h, (1, 2, chain[0] - 1)),
+                                       (draft, "midlayer", 2 * h, (1, 2, h - 1))):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
             dims, raw = _raw(file, f"{prefix}.{name}.weight")
             assert dims[1] == (in_dim if "attn" in name else h), name  # the drafter's q/k/v read 2 x hidden
@@ -91,6 +91,7 @@ def test_all_reduce_check_layout(tmp_path):
         for name, unit in (("self_attn.o_proj", d), ("mlp.down_proj", inter // heads)):
             dims, raw = _raw(file, f"{prefix}.{name}.weight")
             width = 2 * dims[1]
+            assert raw[:width] == bytes(width)  # dimension 0, the chain's constant, gets no pair
             for c in rows:
                 units = [raw[c * width + 2 * unit * u:c * width + 2 * unit * (u + 1)] for u in range(heads)]
                 k = c % (heads // 2)

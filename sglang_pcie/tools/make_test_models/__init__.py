@@ -31,9 +31,9 @@ instead of three.
   cancelled exactly by a partner shard's, and a value carried from sublayer to sublayer through every all-reduce
   decides, in lm_head, between the true next token and a decoy. A shard's partial dropped, doubled or scaled, an
   all-reduce that returns zeros, half the sum or a stale result: the tokens change (``allreduce_check.py``). The
-  embeddings are +-2^-3 (RMSNorm makes them +-1.0 exactly), and a token outside the draft vocabulary shares a draft
-  token's embedding, so that every output token, the first included, follows from the files
-  (``files.predicted_chain``). Needs even heads and KV heads, intermediate a multiple of heads.
+  embeddings are +-2^-3, and a token outside the draft vocabulary shares a draft token's embedding, so that every
+  output token, the first included, follows from the files (``files.predicted_chain``). Needs even heads and KV
+  heads, intermediate a multiple of heads, hidden at least 4 x layers, vocab at least 2 x draft vocab.
 
 No tokenizer is written: start the server with ``--skip-tokenizer-init`` and send token ids (as
 ``sglang-pcie bench`` does). Random weights are bf16 of magnitude 2^-7..2^-5 with random signs, norms are 1,

@@ -9,7 +9,8 @@ Two mechanisms, both exact in any order of summation and at any TP size that spl
   contiguously, so the two units of a pair sit in different shards (at the same position within each): every
   shard's partial sum is large (about CHECK_STRENGTH embedding entries rms per coordinate), every coordinate's
   all-reduce adds one x, one -x and zeros. A shard's partial dropped, doubled, scaled or replaced leaves a large
-  vector in the residual stream, which otherwise stays the token's embedding exactly.
+  vector in the residual stream, which otherwise stays the token's embedding exactly; that moves the residual's
+  rms, which every link of the chain below divides by (dimension 0, the chain's constant, gets no pair).
 * A chain that must arrive. The last 2 x layers hidden coordinates (zero in every embedding) carry a value from
   sublayer to sublayer: layer l's attention reads the previous link's coordinate through one value dimension of
   KV-head pair 0 (a value the same at every position, so attention passes it on whatever it attends to), and
@@ -112,7 +113,7 @@ def put(weight: bytearray, cols: int, row: int, col: int, value: float) -> None:
 
 def cancelling_layer(rng, prefix: str, shape: Shape, in_dim: int, links: tuple[Link, Link] | None = None) -> dict:
     """One decoder layer of paired units (module docstring); with ``links`` (attention's, MLP's), the chain's
-    value dimension, neuron and rows too, and the other chain coordinates' rows left zero."""
+    value dimension, neuron and rows too, and the other chain coordinates' rows left zero (and dimension 0's)."""
     h, d, heads, kv, inter = shape.hidden, shape.head_dim, shape.heads, shape.kv_heads, shape.intermediate
     block = inter // heads  # MLP block b pairs with block b + heads / 2, as head b pairs with head b + heads / 2
     value = bytearray(signed_bf16(rng, kv // 2 * d * in_dim, 0.5 / math.sqrt(in_dim)))
@@ -121,7 +122,9 @@ def cancelling_layer(rng, prefix: str, shape: Shape, in_dim: int, links: tuple[L
     gate = bytearray(signed_bf16(rng, inter // 2 * h, h ** -0.5))  # the MLP reads h (the drafter's q/k/v: 2 x h)
     up = bytearray(signed_bf16(rng, inter // 2 * h, h ** -0.5))
     partial = CHECK_STRENGTH * EMBED  # a head's outputs are about +-1 (the constant part), silu(g) * u about 0.6
-    skip = set(chain_coordinates(shape)) if links else set()
+    # dimension 0 (the constant the chain's gates and the value rows read) gets no pair: a fault elsewhere then
+    # moves the chain only through the residual's rms
+    skip = {0, *(chain_coordinates(shape) if links else ())}
     o_proj = cancelling_columns(rng, h, heads, d, partial / math.sqrt(d), skip)
     down = cancelling_columns(rng, h, heads, block, partial / (SILU_PRODUCT_RMS * math.sqrt(block)), skip)
     if links:

@@ -19,8 +19,9 @@ Prints one JSON object on its last line:
   partials:  rms per coordinate of shard 0's partial output (TP=2) outside the chain's coordinates, in embedding
              entries (2^-3), min and median over positions
   chain:     the value each link wrote in the unsharded run (min, max over positions), per sublayer
-  sweep:     (--sweep) factor -> requests that differ when shard 1's partial is scaled by it in every layer, and
-             when every all-reduce's result is
+  sweep:     (--sweep) requests that differ when shard 1's partial is scaled by a factor in every layer, when every
+             all-reduce's result is, and when normal noise of a given rms is added to every result outside the
+             chain's coordinates (how far from exact a sum may be)
 """
 import argparse
 import json
@@ -108,12 +109,18 @@ def shard(layer=None, kind=None, rank=1, scale=0.0):
     return fault
 
 
-def output(layer=None, kind=None, scale=0.0, stale=False):
-    """The all-reduce returns its result times ``scale`` (or the previous all-reduce's result), in every layer /
-    kind unless one is named."""
+def output(layer=None, kind=None, scale=0.0, stale=False, noise=0.0, chain_start=None):
+    """The all-reduce returns its result times ``scale`` (or the previous all-reduce's result, or its result plus
+    normal noise of rms ``noise`` outside the chain's coordinates), in every layer / kind unless one is named."""
+    generator = torch.Generator().manual_seed(1)
+
     def fault(at_layer, at_kind, total, previous):
         if layer not in (None, at_layer) or kind not in (None, at_kind):
             return total
+        if noise:
+            extra = torch.randn(total.shape, generator=generator) * noise
+            extra[..., chain_start:] = 0
+            return (total.float() + extra).to(total.dtype)
         return previous if stale and previous is not None and previous.shape == total.shape else total * scale
     return fault
 
@@ -168,13 +175,17 @@ def main():
                                  "rms_median": float(torch.cat(v).median()) / EMBED}
                           for kind, v in shards.partials.items()}
     if args.sweep:
-        result["sweep"] = {"shard 1 scaled": {}, "result scaled": {}}
-        for factor in (1 + 2 ** -8, 1 + 2 ** -6, 1 + 2 ** -5, 1 + 2 ** -4, 1 + 2 ** -3, 1 - 2 ** -4, 1 - 2 ** -3,
-                       0.5):
-            for name, variant in (("shard 1 scaled", (2, [0, 1], shard(scale=factor), torch.bfloat16, None)),
-                                  ("result scaled", (2, [0, 1], None, torch.bfloat16, output(scale=factor)))):
+        bf16 = torch.bfloat16
+        result["sweep"] = {"shard 1 scaled": {}, "result scaled": {}, "noise added to the result": {}}
+        for factor in (1 + 2 ** -8, 1 + 2 ** -6, 1 + 2 ** -4, 1 + 2 ** -2, 1 - 2 ** -4, 1 - 2 ** -2, 0.5):
+            for name, variant in (("shard 1 scaled", (2, [0, 1], shard(scale=factor), bf16, None)),
+                                  ("result scaled", (2, [0, 1], None, bf16, output(scale=factor)))):
                 tokens, _, _ = shards.generate(prompts, args.new_tokens, variant)
                 result["sweep"][name][str(factor)] = int((tokens != reference).any(-1).sum())
+        for exponent in (-12, -10, -8, -6, -4):  # rms of the noise: 2^-12 is half a bf16 step of an embedding entry
+            variant = (2, [0, 1], None, bf16, output(noise=2.0 ** exponent, chain_start=shards.chain_start))
+            tokens, _, _ = shards.generate(prompts, args.new_tokens, variant)
+            result["sweep"]["noise added to the result"][f"2^{exponent}"] = int((tokens != reference).any(-1).sum())
     print(json.dumps(result))
 
 
