@@ -1,17 +1,20 @@
 """sglang-pcie make-test-models: the layout SGLang's loaders read, bad shapes, loading through SGLang 0.5.23's
-real classes, and the accept lengths the --acceptance models give."""
+real classes, the accept lengths and tokens the --acceptance models give, what --all-reduce-check models do under
+simulated tensor-parallel faults, and the benchmark helpers that use them on GPUs."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
+import struct
 from pathlib import Path
 
 import pytest
 
-
 from sglang_pcie.tools import make_test_models as test_models
 from sglang_pcie.tools.cli import main as cli_main
 from sglang_pcie.tools.safetensors_io import read_header, read_tensor
+from support import REPO
 
 
 
@@ -49,6 +52,85 @@ def test_make_test_models_bad_shape(tmp_path, capsys, argv, named):
     assert cli_main(["make-test-models", str(tmp_path / "m"), *argv]) == 2
     err = capsys.readouterr().err
     assert named in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, named", [([], "--acceptance random"), (["--kv-heads", "1"], "--kv-heads 1"),
+                                         (["--intermediate", "1026"], "--intermediate 1026")])
+def test_all_reduce_check_bad_usage(tmp_path, capsys, argv, named):
+    acceptance = [] if not argv else ["--acceptance", "mixed"]
+    assert cli_main(["make-test-models", str(tmp_path / "m"), "--all-reduce-check", *acceptance, *argv]) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m").exists()
+
+
+def _raw(path: Path, name: str) -> tuple[list, bytes]:
+    return read_header(path)[name]["shape"], test_models.tensor_bytes(path, name)
+
+
+def _bf16(raw: bytes, index: int) -> float:
+    return struct.unpack("<f", b"\0\0" + raw[2 * index:2 * index + 2])[0]
+
+
+def test_all_reduce_check_layout(tmp_path):
+    """The construction, read back from the files: paired heads / KV heads / MLP blocks whose o_proj / down_proj
+    rows subtract each pair (but for dimension 0's); the chain's rows (two equal weights on pair 0) in the last 2 x layers coordinates;
+    +-2^-3 embeddings (dimension 0 positive, chain coordinates zero), out-of-draft tokens aliased to draft ones; a
+    decoy row per draft token."""
+    assert cli_main(["make-test-models", str(tmp_path), "--acceptance", "mixed", "--all-reduce-check"]) == 0
+    shape = test_models.PRESETS["tiny"]
+    h, d, heads, inter, layers = shape.hidden, shape.head_dim, shape.heads, shape.intermediate, shape.layers
+    chain = list(range(h - 2 * layers, h))
+    target, draft = tmp_path / "target/model.safetensors", tmp_path / "draft/model.safetensors"
+    for file, prefix, in_dim, rows in ((target, "model.layers.2", h, (1, 2, chain[0] - 1)),
+                                       (draft, "midlayer", 2 * h, (1, 2, h - 1))):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            dims, raw = _raw(file, f"{prefix}.{name}.weight")
+            assert dims[1] == (in_dim if "attn" in name else h), name  # the drafter's q/k/v read 2 x hidden
+            assert raw[:len(raw) // 2] == raw[len(raw) // 2:], name  # second half repeats
+        for name, unit in (("self_attn.o_proj", d), ("mlp.down_proj", inter // heads)):
+            dims, raw = _raw(file, f"{prefix}.{name}.weight")
+            width = 2 * dims[1]
+            assert raw[:width] == bytes(width)  # dimension 0, the chain's constant, gets no pair
+            for c in rows:
+                units = [raw[c * width + 2 * unit * u:c * width + 2 * unit * (u + 1)] for u in range(heads)]
+                k = c % (heads // 2)
+                flipped = bytearray(units[k])
+                flipped[1::2] = bytes(b ^ 0x80 for b in flipped[1::2])
+                assert units[k + heads // 2] == bytes(flipped) and any(units[k]), (name, c)
+                assert all(u == bytes(len(u)) for i, u in enumerate(units) if i not in (k, k + heads // 2))
+    # layer 2's links: attention writes chain[4] from chain[3] through value dimension 0 of KV head 0 and heads 0 and
+    # heads / 2; the MLP writes chain[5] from chain[4] through neuron 0 of blocks 0 and heads / 2
+    (_, v), (_, o), (_, gate), (_, up), (_, down) = (_raw(target, f"model.layers.2.{n}.weight") for n in (
+        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))
+    assert [i for i in range(h) if _bf16(v, i)] == [chain[3]] and _bf16(v, chain[3]) == 1.0
+    assert [i for i in range(h) if _bf16(gate, i)] == [0] and [i for i in range(h) if _bf16(up, i)] == [chain[4]]
+    for weight, cols, row, nonzero in ((o, heads * d, chain[4], [0, heads // 2 * d]), (down, inter, chain[5],
+                                                                                       [0, inter // 2])):
+        for c in chain:
+            values = [_bf16(weight, c * cols + i) for i in range(cols)]
+            assert [i for i, x in enumerate(values) if x] == (nonzero if c == row else [])
+            assert c != row or values[nonzero[0]] == values[nonzero[1]] > 0
+    _, embed = _raw(target, "model.embed_tokens.weight")
+    rows = [embed[t * 2 * h:(t + 1) * 2 * h] for t in range(shape.vocab)]
+    e_bytes = 2 * chain[0]
+    assert {b for row in rows for b in row[1:e_bytes:2]} == {0x3E, 0xBE} and {row[1] for row in rows} == {0x3E}
+    assert {row[e_bytes:] for row in rows} == {bytes(2 * len(chain))} and not any(any(row[0:e_bytes:2]) for row in rows)
+    _, _, d2t = read_tensor(draft, "d2t")
+    hot = [x + i for i, x in enumerate(d2t)]
+    assert len({rows[t] for t in hot}) == len(hot) and set(rows) == {rows[t] for t in hot}
+    # lm_head: a draft token's row is a draft token's embedding plus +beta in the last chain coordinate; as many
+    # rows outside the draft vocabulary (the decoys) have twice one, and -beta there
+    _, head = _raw(target, "lm_head.weight")
+    by_embedding = {rows[t][:e_bytes]: t for t in hot}
+    betas = {_bf16(head, j * h + h - 1) for j in hot}
+    assert len(betas) == 1 and betas.pop() > 0
+    assert all(head[j * 2 * h:j * 2 * h + e_bytes] in by_embedding for j in hot)
+    hot_set = set(hot)
+    decoys = [j for j in range(shape.vocab) if j not in hot_set and any(head[j * 2 * h:(j + 1) * 2 * h])]
+    assert len(decoys) == len(hot) and all(_bf16(head, j * h + h - 1) < 0 for j in decoys)
+    halved = {bytes(x if i % 2 else 0 for i, x in enumerate(head[j * 2 * h:j * 2 * h + e_bytes])) for j in decoys}
+    assert halved == set(by_embedding)  # twice +-2^-3 differs from it only in the low bytes (0x80)
 
 
 def _function_source(path: Path, cls: str, name: str) -> str:
@@ -127,10 +209,12 @@ print(json.dumps({"target": t, "draft": d}))
 """
 
 
-def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path):
+@pytest.mark.parametrize("acceptance, check", [("random", False), ("mixed", True)])
+def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path, acceptance, check):
     env = sglang_env("0.5.23")
     models = tmp_path / "models"
-    written = test_models.make_models(models, test_models.PRESETS["tiny"], seed=0)
+    written = test_models.make_models(models, test_models.PRESETS["tiny"], seed=0, acceptance=acceptance,
+                                      all_reduce_check=check)
     assert set(written) == {"target", "draft"}
     result = env.run_json(LOADER_PROBE.replace("sys.argv[1]", repr(str(models))),
                           env={"SGLANG_USE_CPU_ENGINE": "1"})
@@ -204,6 +288,7 @@ for _ in range(12):
         states = target(torch.tensor([seq]), output_hidden_states=True).hidden_states
     aux = torch.cat([states[i + 1][0] for i in layer_ids], -1)
     lengths, pos = [], len(prompt[0]) - 1  # seq[pos] is the last verified token, seq[pos + 1] the bonus
+    pos0 = pos
     while pos + 1 + steps < len(seq):
         token, state, keys, values, accepted = seq[pos + 1], aux[pos], [], [], 0
         for i in range(steps):
@@ -213,15 +298,17 @@ for _ in range(12):
             accepted += 1
         lengths.append(accepted + 1)
         pos += accepted + 1
-    result.append({"tokens": seq[len(prompt[0]):], "accept_lengths": lengths})
+    result.append({"tokens": seq[len(prompt[0]):], "accept_lengths": lengths, "last_prompt_token": seq[pos0]})
 print(json.dumps(result))
 """
 
 
-@pytest.mark.parametrize("acceptance", ["random", "mixed", "full"])
-def test_acceptance_of_the_test_models(sglang_env, tmp_path, acceptance):
+@pytest.mark.parametrize("acceptance, check", [("random", False), ("mixed", False), ("full", False),
+                                               ("mixed", True), ("full", True)])
+def test_acceptance_of_the_test_models(sglang_env, tmp_path, acceptance, check):
     env = sglang_env("0.5.23")
-    test_models.make_models(tmp_path, test_models.PRESETS["tiny"], seed=1, acceptance=acceptance)
+    test_models.make_models(tmp_path, test_models.PRESETS["tiny"], seed=1, acceptance=acceptance,
+                            all_reduce_check=check)
     requests = env.run_json(ACCEPTANCE_PROBE.replace("sys.argv[1]", repr(str(tmp_path))))
     per_request = [sorted(set(r["accept_lengths"])) for r in requests]
     if acceptance == "random":
@@ -229,11 +316,104 @@ def test_acceptance_of_the_test_models(sglang_env, tmp_path, acceptance):
         return
     _, _, d2t = read_tensor(tmp_path / "draft" / "model.safetensors", "d2t")
     draft_vocab = {d + i for i, d in enumerate(d2t)}
+    chain = test_models.predicted_chain(tmp_path)
     for r in requests:  # from the first output token on, a request repeats one token or alternates two
         assert set(r["tokens"]) <= draft_vocab and len(set(r["tokens"])) in (1, 2)
         assert r["tokens"][2:] == r["tokens"][:-2]
+        # which tokens follows from the files: always with --all-reduce-check; without, where the last prompt token
+        # is in the draft vocabulary (outside it, the first output token is a near-tie of random rows)
+        expected = chain(r["last_prompt_token"], len(r["tokens"]))
+        assert expected is not None or not check
+        assert expected is None or r["tokens"] == expected
     # every draft accepted (3 steps + the bonus) where the token repeats, one where it alternates
     if acceptance == "full":
         assert per_request == [[4]] * len(requests)
     else:
         assert sorted(set(map(tuple, per_request))) == [(2,), (4,)], per_request
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_all_reduce_faults_change_the_tokens(sglang_env, tmp_path, check):
+    """o_proj / down_proj run as tensor-parallel shards in transformers' Llama (bf16): summed in any order, in bf16 or
+    fp32, at TP 2 or 4, the greedy tokens and their logprobs are the unsharded model's, bit for bit. A shard's
+    partial dropped, doubled or scaled by 1.25 (everywhere or in one sublayer), an all-reduce that returns zeros or
+    the previous all-reduce's result (in one sublayer) or half the sum: every request's tokens change from the
+    first one on. The --acceptance mixed model without the check is blind to all of them."""
+    env = sglang_env("0.5.23")
+    test_models.make_models(tmp_path, test_models.PRESETS["tiny"], seed=2, acceptance="mixed",
+                            all_reduce_check=check)
+    result = env.run_script_json("allreduce_faults.py", tmp_path, "--new-tokens", "6")
+    variants, requests = result["variants"], result["requests"]
+    faults = [name for name in variants if name.startswith("fault:")]
+    assert len(variants) == 16 and len(faults) == 11
+    if not check:
+        assert {name: v["differ"] for name, v in variants.items()} == dict.fromkeys(variants, 0)
+        return
+    for name in set(variants) - set(faults):
+        assert variants[name] == {"differ": 0, "max_logprob_diff": 0.0, "first": None}, name
+    for name in faults:
+        assert variants[name]["differ"] == requests and variants[name]["first"] == [0, 0], name
+    # the pairs leave less than half a bf16 step of an embedding entry (2^-12): the residual stream outside the
+    # chain is exactly the token's embedding; each shard's partial is ~64 entries strong; every link writes ~2^-2
+    assert all(r < 2 ** -12 for r in result["residue"].values()), result["residue"]
+    assert all(p["rms_min"] > 32 for p in result["partials"].values()), result["partials"]
+    assert all(0.24 < low <= high < 0.26 for low, high in result["chain"].values()), result["chain"]
+    margins = result["margins"]
+    assert margins["min"] > 0.25 * margins["chosen_min"], margins
+
+
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_outputs_checked_against_the_files(tmp_path, capsys):
+    """benchmarks/check_test_model_outputs.py on a bench run folder: each request's tokens against the chain the
+    files predict from its last prompt token, each run's accept length against the one the chain implies."""
+    from sglang_pcie.tools.bench.plan import Workload
+
+    models = tmp_path / "models"
+    test_models.make_models(models, test_models.PRESETS["tiny"], seed=3, acceptance="mixed", all_reduce_check=True)
+    workload = Workload(batch_requests=6, stream_requests=2, input_len=5, output_len=9)
+    prompts = workload.prompts()
+    chain = test_models.predicted_chain(models)
+    expected = {phase: [chain(p[-1], 9) for p in prompts[phase]] for phase in ("batch", "stream")}
+    steps, tokens, verifies = 3, 0, 0
+    for outputs in expected["batch"] + expected["stream"]:
+        tokens += 9
+        verifies += 2 if len(set(outputs)) == 1 else 4  # ceil(8 / 4), ceil(8 / 2)
+    wrong = {phase: [list(o) for o in outs] for phase, outs in expected.items()}
+    wrong["stream"][1][4] += 1
+    runs = []
+    for index, (name, outputs, accept) in enumerate((("baseline", expected, tokens / verifies),
+                                                     ("fault", wrong, tokens / verifies * 0.9)), start=1):
+        folder = tmp_path / "run" / "runs" / f"{index:02d}-{name}"
+        folder.mkdir(parents=True)
+        (folder / "outputs.json").write_text(json.dumps(outputs))
+        runs.append({"ok": True, "variant": name, "outputs_file": f"/elsewhere/runs/{folder.name}/outputs.json",
+                     "metrics": {"accept_length": accept}})
+    (tmp_path / "run" / "results.json").write_text(json.dumps({
+        "workload": workload.as_dict(), "runs": runs,
+        "launch_args": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(steps)]}))
+    check = _benchmark("check_test_model_outputs")
+    assert check.main([str(tmp_path / "run"), str(models)]) == 1
+    ok, bad = capsys.readouterr().out.strip().splitlines()
+    assert ok.startswith("ok    01-baseline: 8/8 requests as predicted") and "MORE THAN" not in ok
+    assert bad.startswith("WRONG 02-fault: 7/8 requests as predicted")
+    assert "first wrong: stream request 1, token 4" in bad and "(MORE THAN 1% OFF)" in bad
+    assert check.main([str(tmp_path / "nothing"), str(models)]) == 2
+
+
+def test_the_gpu_fault_hook_patches_sglangs_row_parallel_linear(sglang_env, tmp_path):
+    """benchmarks/allreduce_fault: with AR_FAULT set, importing SGLang 0.5.23's linear module patches
+    RowParallelLinear.forward (and says so on stderr); without it, nothing is patched."""
+    env = sglang_env("0.5.23")
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks' / 'allreduce_fault')!r}); "
+            "import allreduce_fault, json; from sglang.srt.layers import linear; "
+            "print(json.dumps(linear.RowParallelLinear.forward.__name__))")
+    assert env.run_json(code, env={"AR_FAULT": "0", "SGLANG_USE_CPU_ENGINE": "1"}) == "faulty_forward"
+    assert env.run_json(code, env={"SGLANG_USE_CPU_ENGINE": "1"}) == "forward"
+    proc = env.run(code, env={"AR_FAULT": "2", "AR_FAULT_RANK": "0", "SGLANG_USE_CPU_ENGINE": "1"})
+    assert "allreduce_fault: TP rank 0 multiplies its RowParallelLinear partials by 2.0" in proc.stderr
