@@ -33,7 +33,7 @@ def check_layer_ids(ctx: Context) -> Check:
     words, _ = describe_points(points, L)
     data["captured"] = words
     said = (f"layer ids {ids} -> " if ids is not None else "no layer ids in the draft config: the target default"
-            f" [2, L//2, L-3] is in force -> ")
+            " [2, L//2, L-3] is in force -> ")
     failure = capture_failure(points, L, n_aux, rule)
     if failure:
         return Check("layer ids", FAIL, said + failure, data)
