@@ -11,7 +11,7 @@ slowed down, so the figures are the fastest rounds (minimum; medians beside them
 the reported host time of A's fastest round.
 
 Two samplings: as shipped (the host budget asks for the least sampling; the floor of timed cycles per interval sets
-1 in 8 at the default interval of 200) and every cycle timed.
+1 in 41 at the default interval of 1000) and every cycle timed.
 
 usage: python3 benchmarks/eagle3_profile_host_time.py [--cycles 2000] [--rounds 41] [--out FILE]
 Prints one line per sampling and writes the rounds as JSON to --out.
@@ -33,10 +33,11 @@ from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
 from sglang_pcie.runtime.eagle_profiler.clocks import HostClock  # noqa: E402
 
 SAMPLINGS = {"as shipped": None, "every cycle timed": 1}
+INTERVAL = 1000  # the default EAGLE3_PROFILE_INTERVAL (sglang_pcie/runtime/settings.py; a test keeps them equal)
 
 
 class HostAcceptLens(list):
-    """accept_lens as the scheduler's host copy holds it (is_cuda False: counted at once)."""
+    """accept_lens as the scheduler's host copy holds it (is_cuda False)."""
 
     is_cuda = False
     shape = property(lambda self: (len(self),))
@@ -46,6 +47,20 @@ class HostAcceptLens(list):
 
     def tolist(self):
         return list(self)
+
+
+class DeviceAcceptLens(HostAcceptLens):
+    """accept_lens as the worker returns it, 'on the GPU': the profiler takes SGLang's host copy at the next cycle."""
+
+    is_cuda = True
+
+
+class CopyDone:
+    """The copy_done event of the scheduler's host copy: passed at once (no GPU here)."""
+
+    @staticmethod
+    def query():
+        return True
 
 
 class DecodeMode:
@@ -71,7 +86,7 @@ class Worker:
         return None
 
     def verify(self, batch):
-        return types.SimpleNamespace(accept_lens=HostAcceptLens((2, 1, 2, 2)))
+        return types.SimpleNamespace(accept_lens=DeviceAcceptLens((2, 1, 2, 2)), copy_done=None)
 
     def draft_extend(self, batch):
         return None
@@ -89,15 +104,17 @@ def run_round(worker, cycles) -> int:
     start = time.perf_counter_ns()
     for _ in range(cycles):
         result = worker.forward_batch_generation(batch)
+        result.accept_lens = HostAcceptLens(result.accept_lens)  # the scheduler's copy_to_cpu
+        result.copy_done = CopyDone
         result.accept_lens.tolist()
     return time.perf_counter_ns() - start
 
 
 def measure(sample_every, cycles, rounds) -> dict:
-    profiler = ep.Profiler(interval=200, clock=HostClock(), sample_every=sample_every, seed=1)
+    profiler = ep.Profiler(interval=INTERVAL, clock=HostClock(), sample_every=sample_every, seed=1)
     ep.set_profiler(profiler)  # calibrates the wrappers' own cost
     plain, profiled = Worker(), ProfiledWorker()
-    run_round(profiled, 200)  # bind, and the first interval
+    run_round(profiled, INTERVAL)  # bind, and the first interval
     a_ns, b_ns, reported_ns = [], [], []
     gc.disable()
     try:

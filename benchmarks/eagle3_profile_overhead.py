@@ -16,7 +16,7 @@ it, and spends the host time of the regime while the GPU runs the current cycle.
 Modes, interleaved, best of --repeats each:
   off                          no timers: the worker's own methods
   eagle3-profile               as shipped: every cycle counted, 1 decode cycle in each block of sample_every timed
-                               (at least 24 per interval of 200), accept length from the scheduler's host copy
+                               (at least 24 per interval, default 1000), accept length from the scheduler's host copy
   eagle3-profile-every-cycle   every cycle timed, no scheduler host copy (the profiler's own pinned copy instead)
   host-synchronised            the naive timer: torch.cuda.synchronize() + time.perf_counter() around every phase
 
@@ -34,7 +34,7 @@ Needs only torch and a CUDA GPU (about 2 minutes per regime on an H200).  --dry-
 a GPU (host spins instead of kernels; timing figures meaningless, timing checks skipped).  The profiler's host time
 against an A/B on a CPU: benchmarks/eagle3_profile_host_time.py.
 
-usage: python3 benchmarks/eagle3_profile_overhead.py [--regime gpu-bound|host-bound|both] [--cycles 600]
+usage: python3 benchmarks/eagle3_profile_overhead.py [--regime gpu-bound|host-bound|both] [--cycles 2000] [--interval 1000]
            [--repeats 3] [--phase-scale S --host-ms MS] [--out FILE] [--host-profile] [--dry-run]
 """
 from __future__ import annotations
@@ -79,10 +79,13 @@ class Collect(logging.Handler):
             print(record.getMessage(), file=sys.stderr)
 
 
+PROFILE_INTERVAL = ep.DEFAULT_INTERVAL  # --interval
+
+
 def make_profiler(mode, profile_file):
     if mode == "eagle3-profile":
-        return ep.Profiler(interval=200, path=profile_file)  # as shipped: sample_every adapts, within the floor
-    return ep.Profiler(interval=200, path=profile_file, sample_every=1)
+        return ep.Profiler(interval=PROFILE_INTERVAL, path=profile_file)  # as shipped: sample_every adapts, within
+    return ep.Profiler(interval=PROFILE_INTERVAL, path=profile_file, sample_every=1)  # the floor
 
 
 def drive(worker, device, cycles, warmup, host_ms, host_copy, hooks=None) -> tuple[float, list]:
@@ -252,7 +255,9 @@ def print_regime(name, regime) -> None:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", choices=[*REGIMES, "both"], default="both", help="default: both")
-    parser.add_argument("--cycles", type=int, default=600, help="measured cycles per run (default 600)")
+    parser.add_argument("--cycles", type=int, default=2000, help="measured cycles per run (default 2000)")
+    parser.add_argument("--interval", type=int, default=ep.DEFAULT_INTERVAL,
+                        help=f"EAGLE3_PROFILE_INTERVAL (default {ep.DEFAULT_INTERVAL}, as shipped)")
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured cycles before each run (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode; the best counts (default 3)")
     parser.add_argument("--phase-scale", type=float, help="one regime of your own: scale of the phases' GPU times")
@@ -262,8 +267,8 @@ def parse_args(argv):
                         help="then break eagle3-profile's host time down by profiler method and under cProfile")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: check the script's logic only")
     args = parser.parse_args(argv)
-    if args.cycles < 1 or args.repeats < 1:
-        parser.error("--cycles and --repeats must be at least 1")
+    if args.cycles < 1 or args.repeats < 1 or args.interval < 1:
+        parser.error("--cycles, --interval and --repeats must be at least 1")
     if (args.phase_scale is None) != (args.host_ms is None):
         parser.error("--phase-scale and --host-ms go together")
     if args.phase_scale is not None and not (args.phase_scale > 0 and args.host_ms >= 0):
@@ -272,7 +277,9 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    global PROFILE_INTERVAL
     args = parse_args(argv)
+    PROFILE_INTERVAL = args.interval
     if args.phase_scale is not None:
         regimes = {"custom": (args.phase_scale, args.host_ms)}
     else:
@@ -287,7 +294,8 @@ def main(argv=None) -> int:
             return 2
         make_device = functools.partial(Gpu, torch)
         report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    report.update(dry_run=args.dry_run, cycles=args.cycles, repeats=args.repeats, batch_size=BATCH_SIZE,
+    report.update(dry_run=args.dry_run, cycles=args.cycles, interval=args.interval, repeats=args.repeats,
+                  batch_size=BATCH_SIZE,
                   accept_lens=ACCEPT_LENS, goal_overhead_pct=GOAL_PCT, regimes={})
     log = Collect()
     logging.getLogger(__name__).addHandler(log)  # the profiler logs through the worker module's logger

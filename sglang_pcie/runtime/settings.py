@@ -35,6 +35,9 @@ PCIE_PROFILE = {
 }
 # SGLang's own switch and bound for FlashInfer's PCIe-IPC all-reduce: the NCCL decision keeps what the user set.
 IPC_VARS = ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL")
+# Decode cycles per EAGLE profile report (the profiler's DEFAULT_INTERVAL; a test keeps them equal): at least 24 of
+# them timed, so 1 in 41 at most, which keeps the profiler's host time under 1% of a host-bound cycle.
+EAGLE3_PROFILE_INTERVAL = 1000
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Settings:
     nccl_profile: str | None = "auto"  # SGLANG_PCIE_NCCL_PROFILE; None when the value was invalid
     sm120_fusion: bool = False  # SGLANG_PCIE_SM120_FUSION
     eagle3_profile: bool = False  # EAGLE3_PROFILE
-    eagle3_profile_interval: int = 200  # EAGLE3_PROFILE_INTERVAL
+    eagle3_profile_interval: int = EAGLE3_PROFILE_INTERVAL  # EAGLE3_PROFILE_INTERVAL
     eagle3_profile_baseline_ms: float | None = None  # EAGLE3_PROFILE_BASELINE_MS
     eagle3_profile_file: str | None = None  # EAGLE3_PROFILE_FILE; None also when it cannot be written
     errors: list = field(default_factory=list)  # one line per invalid variable, starting "NAME="
@@ -120,8 +123,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             if s.eagle3_profile_interval < 1:
                 raise ValueError
         except ValueError:
-            s.eagle3_profile_interval = 200
-            s.errors.append(f"EAGLE3_PROFILE_INTERVAL={shown(raw)} is not a positive integer; using 200")
+            s.eagle3_profile_interval = EAGLE3_PROFILE_INTERVAL
+            s.errors.append(f"EAGLE3_PROFILE_INTERVAL={shown(raw)} is not a positive integer;"
+                            f" using {EAGLE3_PROFILE_INTERVAL}")
 
     raw = env.get("EAGLE3_PROFILE_BASELINE_MS", "")
     if raw.strip():

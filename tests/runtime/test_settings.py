@@ -10,7 +10,7 @@ from sglang_pcie.runtime.settings import load_settings, unknown_patch_ids
 def test_defaults():
     s = load_settings({})
     assert (s.disabled, s.strict, s.nccl_profile, s.eagle3_profile, s.eagle3_profile_interval, s.errors) == (
-        False, False, "auto", False, 200, [])
+        False, False, "auto", False, 1000, [])
 
 
 @pytest.mark.parametrize("name, value", [
@@ -168,3 +168,18 @@ def test_profile_file_in_a_read_only_folder_or_read_only_file_is_named():
     new, existing = json.loads(proc.stdout)
     assert new == [f"EAGLE3_PROFILE_FILE={files[0]!r}: folder {folder} is not writable; no JSON lines written"]
     assert existing == [f"EAGLE3_PROFILE_FILE={files[1]!r}: the file is not writable; no JSON lines written"]
+
+
+def test_the_profile_interval_default_is_the_profilers_and_the_benchmarks():
+    """One default in three places that cannot import each other at start-up: the settings, the profiler, and the
+    host-time benchmark that measures the profiler as shipped."""
+    import ast
+
+    from support import REPO
+    from sglang_pcie.runtime.eagle_profiler import profiler
+
+    tree = ast.parse((REPO / "benchmarks" / "eagle3_profile_host_time.py").read_text())
+    benchmark = {node.targets[0].id: node.value.value for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                 and isinstance(node.value, ast.Constant)}
+    assert load_settings({}).eagle3_profile_interval == profiler.DEFAULT_INTERVAL == benchmark["INTERVAL"] == 1000

@@ -70,9 +70,9 @@ import logging
 from sglang_pcie.runtime.eagle_profiler.clocks import CudaClock, HostClock, default_clock
 from sglang_pcie.runtime.eagle_profiler import profiler as profiler_module
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, process_start_time, run_identity
-from sglang_pcie.runtime.eagle_profiler.profiler import (DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET, READ_PER_CALL,
-                                                         SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL, Profiler,
-                                                         cycle_kind)
+from sglang_pcie.runtime.eagle_profiler.profiler import (DEFAULT_INTERVAL, DRAIN_BATCH, DRAIN_LAG, HOST_BUDGET,
+                                                         READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL,
+                                                         Profiler, cycle_kind)
 from sglang_pcie.runtime.eagle_profiler.prometheus import ACCEPT_BUCKETS, PHASE_BUCKETS, PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, tp_rank, worker_ranks
 from sglang_pcie.runtime.eagle_profiler.slots import MAX_SPANS, NEXT_MARK, Slot
@@ -87,7 +87,7 @@ __all__ = [
     # the hooks (this module)
     "PATCH_ID", "disabled_reason", "profile_phase", "wrap", "get_profiler", "set_profiler", "flag_untimed_workers",
     # profiler
-    "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL", "SAMPLE_MAX",
+    "DEFAULT_INTERVAL", "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL", "SAMPLE_MAX",
     "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind", "Slot",
     # clocks, tokens, process, ranks, prometheus
     "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter",

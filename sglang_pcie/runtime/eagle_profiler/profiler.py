@@ -8,6 +8,7 @@ import os
 import random
 import time
 from collections import deque
+from enum import Enum
 
 from sglang_pcie.runtime.eagle_profiler.clocks import default_clock
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, run_identity
@@ -18,6 +19,9 @@ from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX
 from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MARKS_PER_SLOT, NEXT_MARK, Slot
 from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
 
+DEFAULT_INTERVAL = 1000  # decode cycles per report (EAGLE3_PROFILE_INTERVAL's default in runtime/settings.py: a test keeps
+# them equal).  With the floor below, 1 decode cycle in 41 at most is timed: a timed cycle costs ~260 us of host time
+# inside a real server on an H200's host, an untimed one ~30 (benchmarks/results/2026-12-02-h200/profiler-breakdown)
 DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread
 DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finished it
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
@@ -37,7 +41,7 @@ class Profiler:
     ``exit_flush``: flush the partial interval at exit and on SIGTERM (the process's profiler does).
     """
 
-    def __init__(self, interval=200, baseline_ms=None, path=None, clock=None, drain_batch=DRAIN_BATCH,
+    def __init__(self, interval=DEFAULT_INTERVAL, baseline_ms=None, path=None, clock=None, drain_batch=DRAIN_BATCH,
                  drain_lag=DRAIN_LAG, read_per_call=READ_PER_CALL, sample_every=None, seed=None, exit_flush=False):
         self.interval = interval
         self.baseline_ms = baseline_ms
@@ -52,8 +56,8 @@ class Profiler:
         self._rng = random.Random(os.getpid() if seed is None else seed)
         self._countdown = self._gap()  # prefill cycles until the next timed one
         self._block = -1  # decode cycles are timed one per block of sample_every, at a random offset in the block
-        self._block_offset = 0
         self._block_timed = False
+        self._due = 0  # the first decode cycle index of the interval that may be timed (see _decode_turn)
         self._clock = clock
         self._bound = False
         self._slots = []
@@ -118,7 +122,8 @@ class Profiler:
 
     def begin_cycle(self, function, args, kwargs):
         """None (run the worker's method untouched), the cycle's kind (counted, not timed), or a slot when the cycle
-        is timed.  ``args``: the wrapped method's, the worker first."""
+        is timed.  ``args``: the wrapped method's, the worker first.  Runs every cycle: an untimed decode cycle takes
+        the first way out (a compare against ``_due``), with no method call beyond its kind and its tokens."""
         start = _now()
         timed = False
         try:
@@ -141,12 +146,27 @@ class Profiler:
             if self._awaiting_next is not None:
                 timed = self._end_timed_wall(kind)
             self._in_cycle = True  # until end_cycle: a nested call (a subclass calling super()) is not a cycle
-            if kind == IDLE:
-                self.stats.idle_cycles += 1
+            stats = self.stats
+            if kind == DECODE:  # the wall time between decode cycles (pauses between requests do not count)
+                last = self._last_decode_start
+                if last is not None:
+                    stats.wall_cycle_ns += start - last
+                    stats.wall_cycles += 1
+                if stats.wall_start is None:
+                    stats.wall_start = start
+                self._last_decode_start = start
+                if stats.decode_cycles < self._due or not self._decode_turn(stats.decode_cycles):
+                    return DECODE
+            elif kind == IDLE:
+                stats.idle_cycles += 1
                 self._last_decode_start = None
                 return IDLE
-            self._count_start(kind, start)
-            if not self._wants_timing(kind) or not self._free or self._clock.capturing():
+            else:
+                self._last_decode_start = None
+                self._countdown -= 1
+                if self._countdown > 0:
+                    return kind
+            if not self._free or self._clock.capturing():
                 return kind  # counted, not timed (and nothing recorded while a CUDA graph is being captured)
             timed = True
             return self._open_slot(kind)
@@ -159,38 +179,23 @@ class Profiler:
             if timed:
                 self._host_timed_ns += spent
 
-    def _count_start(self, kind, start):
-        """The wall time between decode cycles (decode -> decode only: pauses between requests do not count)."""
-        stats = self.stats
-        if kind != DECODE:
-            self._last_decode_start = None
-            return
-        if self._last_decode_start is not None:
-            stats.wall_cycle_ns += start - self._last_decode_start
-            stats.wall_cycles += 1
-        self._last_decode_start = start
-        if stats.wall_start is None:
-            stats.wall_start = start
-
-    def _wants_timing(self, kind):
-        """Decode cycles: one in each block of sample_every, at a random offset (so no period of the workload
-        aliases with the sample), taken by a later cycle of the block if that one could not be.  Prefill cycles:
-        random gaps with mean sample_every."""
-        if kind != DECODE:
-            self._countdown -= 1
-            return self._countdown <= 0
+    def _decode_turn(self, index) -> bool:
+        """Whether decode cycle ``index`` of the interval is timed: one in each block of sample_every, at a random
+        offset (so no period of the workload aliases with the sample), taken by a later cycle of the block if that
+        one could not be.  ``_due`` is the first index that may be: begin_cycle asks only from there on.  (Prefill
+        cycles: random gaps with mean sample_every, counted down in begin_cycle.)"""
         every = self.sample_every
-        index = self.stats.decode_cycles
         block = index // every
         if block != self._block:
             self._block, self._block_timed = block, False
-            self._block_offset = self._rng.randrange(every)
-        return not self._block_timed and index % every >= self._block_offset
+            self._due = block * every + self._rng.randrange(every)
+        return not self._block_timed and index >= self._due
 
     def _open_slot(self, kind):
         stats = self.stats
         if kind == DECODE:
             self._block_timed = True
+            self._due = (self._block + 1) * self.sample_every  # the next block's first cycle
         else:
             self._countdown = self._gap()
         slot = self._free.pop()
@@ -213,6 +218,7 @@ class Profiler:
         slot.has_next = False
         if slot.stats is self.stats and slot.block == self._block:
             self._block_timed = False
+            self._due = self.stats.decode_cycles
         return False
 
     def end_cycle(self, token, result):
@@ -239,12 +245,14 @@ class Profiler:
                     self._awaiting_next = slot
                 timed_ns = _now() - start
             tokens = self.tokens
-            if len(tokens.copies) >= TOKEN_BATCH or (self._closing and tokens.copies):
+            if tokens.copies and (len(tokens.copies) >= TOKEN_BATCH or self._closing):
                 tokens.sum_copies(None, self._clock)
-            if self._pending:
+            pending = self._pending
+            if pending and (self._cycle_no - pending[0].cycle_no >= self.drain_lag
+                            or len(pending) >= self.drain_batch + self.drain_lag):
                 read_start = _now()
                 read = self._read_finished(self.read_per_call)
-                if len(self._pending) >= self.drain_batch + self.drain_lag and not self._clock.capturing():
+                if len(pending) >= self.drain_batch + self.drain_lag and not self._clock.capturing():
                     self._drain(self.drain_batch)
                     read = True
                 if read:  # reading timed cycles is their cost: it counts towards sample_every
@@ -407,7 +415,7 @@ class Profiler:
         self._closing.append(stats)
         if stats is self.stats:
             self.stats = IntervalStats()
-            self._block = -1
+            self._block, self._due = -1, 0
         self._adapt(stats)
 
     def _adapt(self, stats):
@@ -479,13 +487,19 @@ class Profiler:
         return self.records[-1] if len(self.records) > before else None
 
 
+_KIND_OF_MODE = {}  # SGLang's ForwardMode members -> their kind: one dict look-up per cycle instead of the mode's tests
+
+
 def cycle_kind(batch) -> str:
     """"prefill", "idle" or "decode", by the same test SGLang's workers branch on."""
     mode = getattr(batch, "forward_mode", None)
     if mode is None:
         return DECODE
-    if mode.is_extend() or getattr(batch, "is_extend_in_batch", False):
+    kind = _KIND_OF_MODE.get(mode) if isinstance(mode, Enum) else None
+    if kind is None:
+        kind = PREFILL if mode.is_extend() else IDLE if mode.is_idle() else DECODE
+        if isinstance(mode, Enum):  # a member's tests cannot change; anything else is asked every time
+            _KIND_OF_MODE[mode] = kind
+    if kind != PREFILL and getattr(batch, "is_extend_in_batch", False):
         return PREFILL
-    if mode.is_idle():
-        return IDLE
-    return DECODE
+    return kind

@@ -6,7 +6,7 @@ import sys
 
 # The v1 worker's per-request accepted-draft counts (host lists), by release: 0.5.8-0.5.10, 0.5.11, 0.5.12-0.5.12.post1.
 V1_ACCEPT_FIELDS = ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu", "num_correct_drafts_per_req_cpu")
-TOKEN_BATCH = 32  # SGLang's host copies of accept_lens summed together, once the newest one's copy_done has passed
+TOKEN_BATCH = 128  # SGLang's host copies of accept_lens summed together, once the newest one's copy_done has passed
 NO_TOKENS = object()  # a timed slot that carries no token count of its own
 
 
@@ -28,6 +28,13 @@ class TokenCounter:
         cycle's timed slot, or None)."""
         accept_lens = getattr(result, "accept_lens", None)  # v2: per request, bonus included, on the GPU
         if accept_lens is not None and hasattr(accept_lens, "shape"):
+            if self.mode != "own" and getattr(accept_lens, "is_cuda", False):
+                # SGLang replaces result.accept_lens by its host copy right after this call returns (copy_to_cpu, in
+                # overlap and non-overlap scheduling alike): take that at the start of the next cycle (the batch
+                # size too: the copy has as many elements as accept_lens).
+                self.stash = (result, accept_lens, stats, slot is not None)
+                stats.outstanding += 1
+                return
             batch_size = int(accept_lens.shape[0])
             stats.requests_all += batch_size
             if not getattr(accept_lens, "is_cuda", False):  # host memory already (no CUDA): read it now
@@ -36,15 +43,9 @@ class TokenCounter:
                 if slot is not None and self.observe and batch_size:
                     self.observe(tokens / batch_size)
                 return
-            if self.mode == "own":
-                if slot is not None:  # a timed cycle: sum on the stream, copy to pinned memory, read with the slot
-                    slot.batch_size = batch_size
-                    slot.staged = clock.stage_tokens(slot.index, accept_lens)
-                return
-            # SGLang replaces result.accept_lens by its host copy right after this call returns (copy_to_cpu, in
-            # overlap and non-overlap scheduling alike): take that at the start of the next cycle.
-            self.stash = (result, accept_lens, stats, batch_size, slot is not None)
-            stats.outstanding += 1
+            if slot is not None:  # mode "own", a timed cycle: sum on the stream, copy to pinned memory, read with
+                slot.batch_size = batch_size  # the slot
+                slot.staged = clock.stage_tokens(slot.index, accept_lens)
             return
         for name in V1_ACCEPT_FIELDS:  # v1: drafts only
             per_request = getattr(result, name, None)
@@ -58,14 +59,16 @@ class TokenCounter:
 
     def collect_stash(self):
         """The previous decode cycle's host copy of accept_lens, made by SGLang after that cycle returned."""
-        result, device_lens, stats, batch_size, timed = self.stash
+        result, device_lens, stats, timed = self.stash
         self.stash = None
         copied = getattr(result, "accept_lens", None)
         if copied is not device_lens and copied is not None and getattr(copied, "is_cuda", True) is False:
             self.mode = "sglang"
             self.copies.append(copied)
-            self.copy_meta.append((stats, batch_size, timed, getattr(result, "copy_done", None)))
+            self.copy_meta.append((stats, len(copied), timed, getattr(result, "copy_done", None)))
+            stats.requests_all += len(copied)
             return
+        stats.requests_all += int(device_lens.shape[0])
         # No host copy: this cycle's tokens stay unknown (its interval reports an estimated accept length). Where
         # SGLang has never copied, timed cycles stage their own from now on; where it has, one cycle that went
         # another way must not make every later interval inexact.
@@ -124,5 +127,8 @@ def _host_sum(tensors) -> int:
     if len(tensors) > 1:
         torch = sys.modules.get("torch")
         if torch is not None and all(isinstance(t, torch.Tensor) for t in tensors):
-            return int(torch.cat([t.reshape(-1) for t in tensors]).sum())
+            try:  # SGLang's accept_lens are 1-D: concatenated as they are (a reshape each costs as much as the sum)
+                return int(torch.cat(tensors).sum())
+            except RuntimeError:  # 0-d or mixed dimensions
+                return int(torch.cat([t.reshape(-1) for t in tensors]).sum())
     return sum(sum(t.tolist()) for t in tensors)

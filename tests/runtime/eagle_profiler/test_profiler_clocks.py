@@ -88,3 +88,19 @@ def test_own_token_count_goes_through_the_pinned_copy(sglang_env):
     out = sglang_env("0.5.23").run_json(PINNED)
     assert out == {"staged": [None, None, None], "read": [6, 8, 1]}
 
+
+
+# SGLang's host copies of accept_lens are torch tensors: summed together with torch, in the real 0.5.23 install.
+HOST_SUM = r'''
+import json, torch
+from sglang_pcie.runtime.eagle_profiler.tokens import _host_sum
+ones = [torch.tensor([2, 1, 3], dtype=torch.int32), torch.tensor([4], dtype=torch.int32)]
+mixed = [torch.tensor(5, dtype=torch.int32), torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)]
+print(json.dumps({"one_d": _host_sum(ones), "mixed": _host_sum(mixed), "single": _host_sum(ones[:1])}))
+'''
+
+
+def test_host_copies_summed_with_torch_whatever_their_shape(sglang_env):
+    """1-D copies are concatenated as they are; a 0-d or 2-D one falls back to flattening each (mutant 'fallback
+    dropped' raises, 'only the first copy summed' gives 6)."""
+    assert sglang_env("0.5.23").run_json(HOST_SUM) == {"one_d": 10, "mixed": 15, "single": 6}
