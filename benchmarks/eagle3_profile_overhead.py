@@ -137,6 +137,7 @@ def profile_figures(profiler) -> dict:
             "accept_length_exact": summary["accept_length_exact"], "gpu_busy": summary["gpu_busy"],
             "timed_wall_cycle_ms": summary["timed_wall_cycle_ms"],
             "profiler_host_us_per_cycle": profiler.host_ns_so_far() / 1e3 / all_cycles,
+            "profiler_setup_ms": profiler.setup_ns / 1e6 if profiler.setup_ns is not None else None,
             "sample_every": [r["sample_every"] for r in records]}
 
 
@@ -245,8 +246,8 @@ def print_regime(name, regime) -> None:
                                                     f" {r['timed_wall_cycle_ms']:.3f} ms)")
         print(f"  {mode}: {r['timed_cycles']} of {r['decode_cycles']} decode cycles timed (sample_every"
               f" {sorted(set(r['sample_every']))}); profiler host time {r['profiler_host_us_per_cycle']:.1f} us per"
-              f" cycle as it reports it, {r['profiler_host_share'] * 100:.2f}% of the wall cycle; GPU busy {busy};"
-              f" accept length {r['accept_length']}")
+              f" cycle as it reports it, {r['profiler_host_share'] * 100:.2f}% of the wall cycle (set-up at the first"
+              f" cycle, apart: {r['profiler_setup_ms']:.1f} ms); GPU busy {busy}; accept length {r['accept_length']}")
     for check in regime["invariants"]:
         state = "skipped" if check["ok"] is None else "ok     " if check["ok"] else "FAILED "
         print(f"  {state} {check['name']}: {check['detail']}")

@@ -5,6 +5,7 @@
 # First one warm-up server that is not measured (a fresh machine's first server JIT-builds kernels and, in round 3,
 # served at half the speed of a later one), then bench baseline / profile in counterbalanced order.
 #   MODE=ab (default): REPEATS (default 3) pairs, B P P B B P; the profiler as shipped.
+# Then the synthetic host-bound loop (benchmarks/eagle3_profile_overhead.py) on the same GPU.
 #   MODE=diag: B D B, where D is the profiler with benchmarks/eagle3_profile_server_breakdown.py loaded (a .pth in the
 #              server's site-packages): where its host time goes, per method, GC and threads.  Not an A/B.
 # Start:   [MODE=diag] bash benchmarks/gpu_profile_host_cost.sh start
@@ -63,10 +64,9 @@ work() {
   for f in $W/host-bound/runs/*/eagle3-profile.jsonl; do
     [ -f "$f" ] && python3 -m sglang_pcie profile-report "$f" && python3 "$REPO/benchmarks/eagle3_profile_invariants.py" "$f"
   done > $W/profiles.txt 2>&1
-  if [ "${MODE:-ab}" = diag ]; then  # the same profiler in a quiet process: the synthetic host-bound loop
-    timeout 300 python3 "$REPO/benchmarks/eagle3_profile_overhead.py" --regime host-bound --repeats 1 --host-profile \
-      --out $W/synthetic.json > $W/synthetic.txt 2>&1
-  fi
+  # the same profiler in a quiet process: the synthetic host-bound loop (off / profiled A/B, and the breakdown)
+  timeout 240 python3 "$REPO/benchmarks/eagle3_profile_overhead.py" --regime host-bound --repeats 1 --host-profile \
+    --out $W/synthetic.json > $W/synthetic.txt 2>&1
   nproc > $W/host.txt; uptime >> $W/host.txt
   touch $W/DONE
 }

@@ -20,12 +20,14 @@ from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MAR
 from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
 
 DEFAULT_INTERVAL = 1000  # decode cycles per report (EAGLE3_PROFILE_INTERVAL's default in runtime/settings.py: a test keeps
-# them equal).  With the floor below, 1 decode cycle in 41 at most is timed: a timed cycle costs ~260 us of host time
-# inside a real server on an H200's host, an untimed one ~30 (benchmarks/results/2026-12-02-h200/profiler-breakdown)
+# them equal).  With the floor below, 1 decode cycle in 41 is timed where the host budget has no room: inside a real
+# server on an H200's host a timed cycle cost ~260 us of host time (9 CUDA events recorded, queried and read), an
+# untimed one ~45 (benchmarks/results/2026-12-02-h200/profiler-breakdown/), so 1 in 8 (interval 200) cost ~77 us.
 DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread
 DRAIN_LAG = 4  # cycles a timed cycle is left unread, so that the GPU has finished it
 READ_PER_CALL = 2  # timed cycles read after each cycle at most: > 1 so a backlog drains, small so no call is slow
-SAMPLE_START = 16  # one decode cycle in this many is timed in the first interval (within the floor below)
+SAMPLE_START = 64  # one decode cycle in this many is timed in the first interval (within the floor below): the
+# least sampling; the adaptation times more cycles only where the host budget has room
 SAMPLE_MAX = 64
 TIMED_PER_INTERVAL = 24  # the floor: sampling never leaves fewer timed decode cycles per full interval (QUANTILE_MIN
 # of them give its percentiles; the margin covers timed cycles a prefill follows, which are dropped)
@@ -76,6 +78,7 @@ class Profiler:
         # what the wrappers and the hooks cost outside the hooks' timed spans, per call (measured by calibrate)
         self.cycle_glue_ns = self.phase_glue_ns = self.hook_glue_ns = 0.0
         self._probe_ns = 0
+        self.setup_ns = None  # the host time of binding to the worker (its first cycle), kept apart
         self.stats = IntervalStats()
         self._closing = deque()  # intervals complete in count, waiting for their timed cycles / tokens
         self.records = deque(maxlen=16)  # the last intervals' records, for inspection
@@ -129,10 +132,14 @@ class Profiler:
         try:
             if self._in_cycle:
                 return None  # nested call: a subclass calling super()
-            if not self._bound:
+            if not self._bound:  # once: its cost (CUDA events, pinned memory) is set-up, not a cycle's (logged)
                 self._bind(args[0], function)
+                self.setup_ns = _now() - start
+                start += self.setup_ns
                 if not self.active:
                     return None
+                self.logger.info(f"{LOG_PREFIX}: set up in {self.setup_ns / 1e6:.1f} ms at the first cycle (timers for"
+                                 f" {len(self._slots)} timed cycles in flight); not counted in the host time per cycle")
             owner = self._wall_owner
             if owner is not None:  # an interval's wall time runs to the start of the cycle after its last decode
                 owner.wall_end = start

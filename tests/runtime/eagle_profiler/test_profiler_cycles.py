@@ -358,8 +358,10 @@ def test_interval_line_goes_to_the_worker_modules_logger(profiler_factory, caplo
         worker.forward_batch_generation(batch())
         ep._PROFILER._clock.completed = ep._PROFILER._clock.recorded
         ep._PROFILER.flush()
-    lines = [r for r in caplog.records if ep.LOG_PREFIX in r.getMessage()]
+    lines = [r for r in caplog.records if ep.LOG_PREFIX + " [" in r.getMessage()]
     assert len(lines) == 1 and lines[0].name == Worker.__module__ and lines[0].levelno == logging.INFO
+    setup = [r.getMessage() for r in caplog.records if r.getMessage().startswith(ep.LOG_PREFIX + ": set up in")]
+    assert len(setup) == 1 and profile_report.parse_log_line(setup[0]) is None
     message = lines[0].getMessage()
     parsed = profile_report.parse_log_line(message)
     record = ep._PROFILER.records[-1]
