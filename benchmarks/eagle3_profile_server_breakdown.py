@@ -27,7 +27,7 @@ WRITE_EVERY = 256  # end_cycle calls between two writes
 METHODS = {
     "sglang_pcie.runtime.eagle_profiler.profiler:Profiler": (
         "begin_cycle", "end_cycle", "begin_phase", "end_phase", "_read_finished", "_drain", "_take", "_close",
-        "_report", "_open_slot", "_end_timed_wall", "_count_start", "_wants_timing"),
+        "_report", "_open_slot", "_end_timed_wall", "_decode_turn"),
     "sglang_pcie.runtime.eagle_profiler.tokens:TokenCounter": ("count", "collect_stash", "sum_copies"),
     "sglang_pcie.runtime.eagle_profiler.clocks:CudaClock": ("record", "is_done", "elapsed_ms", "capturing", "wait"),
     "sglang_pcie.runtime.eagle_profiler.slots:Slot": ("times", "reset"),

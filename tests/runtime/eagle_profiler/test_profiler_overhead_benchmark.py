@@ -4,6 +4,7 @@ eagle3_profile_invariants.py (a server's file checked record by record)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,3 +58,34 @@ def test_the_invariants_checker_names_a_record_that_breaks_one(tmp_path):
     assert "GPU busy 105.26%" in lines[2] and lines[-1] == "1 of 2 records hold every invariant"
     path.write_text(ep.to_json(good) + "\n")
     assert subprocess.run([sys.executable, script, str(path)], capture_output=True, timeout=120).returncode == 0
+
+
+BREAKDOWN = r'''
+import json, os, runpy, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "benchmarks"))
+import eagle3_profile_server_breakdown as breakdown  # installs itself: EAGLE3_BREAKDOWN_OUT is set
+host_time = runpy.run_path(os.path.join(sys.argv[1], "benchmarks", "eagle3_profile_host_time.py"))
+host_time["measure"](4, 300, 1)
+breakdown._write()
+'''
+
+
+def test_the_server_breakdown_times_the_profilers_methods_where_it_is_loaded(tmp_path):
+    """benchmarks/eagle3_profile_server_breakdown.py, as a .pth line loads it in a server's processes: it wraps the
+    profiler's methods and writes what each cost per cycle; without EAGLE3_BREAKDOWN_OUT it does nothing."""
+    env = {**os.environ, "EAGLE3_BREAKDOWN_OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", BREAKDOWN, str(REPO)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (written,) = tmp_path.glob("breakdown-*.json")
+    figures = json.loads(written.read_text())
+    methods = figures["methods"]
+    assert figures["cycles"] == methods["Profiler.end_cycle"]["calls"] >= 600
+    assert methods["Profiler.begin_cycle"]["calls"] == figures["cycles"] and methods["Profiler._open_slot"]["calls"] > 0
+    assert methods["Profiler.begin_cycle"]["us_per_cycle"] > 0 and figures["threads"] and figures["gc"]["threshold"]
+    off = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1] + '/benchmarks');"
+                          " import eagle3_profile_server_breakdown as b; from sglang_pcie.runtime.eagle_profiler"
+                          " import Profiler; print(Profiler.begin_cycle.__module__)", str(REPO)],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "EAGLE3_BREAKDOWN_OUT"})
+    assert off.stdout.strip() == "sglang_pcie.runtime.eagle_profiler.profiler", off.stderr[-2000:]
