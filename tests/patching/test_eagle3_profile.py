@@ -168,8 +168,10 @@ def test_one_log_line_per_interval_through_the_worker_modules_logger(profiling_o
     version, out, _, _ = profiling_on
     for kind, run in out["runs"].items():
         module = V1 if kind == "v1" else V2
-        assert [(e["logger"], e["level"]) for e in run["log"]] == [(module, "INFO")] * 2, kind
-        parsed = [profile_report.parse_log_line(e["message"]) for e in run["log"]]
+        setup, intervals = run["log"][:1], run["log"][1:]  # the set-up line at the first cycle, then the intervals
+        assert [(e["logger"], e["level"]) for e in run["log"]] == [(module, "INFO")] * 3, kind
+        assert "set up in" in setup[0]["message"] and profile_report.parse_log_line(setup[0]["message"]) is None
+        parsed = [profile_report.parse_log_line(e["message"]) for e in intervals]
         assert [p["decode_cycles"] for p in parsed] == [4, 4] and parsed[0]["accept_length"] == 2.0
 
 
