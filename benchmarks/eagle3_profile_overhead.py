@@ -34,8 +34,8 @@ Needs only torch and a CUDA GPU (about 2 minutes per regime on an H200).  --dry-
 a GPU (host spins instead of kernels; timing figures meaningless, timing checks skipped).  The profiler's host time
 against an A/B on a CPU: benchmarks/eagle3_profile_host_time.py.
 
-usage: python3 benchmarks/eagle3_profile_overhead.py [--regime gpu-bound|host-bound|both] [--cycles 2000] [--interval 1000]
-           [--repeats 3] [--phase-scale S --host-ms MS] [--out FILE] [--host-profile] [--dry-run]
+usage: python3 benchmarks/eagle3_profile_overhead.py [--regime gpu-bound|host-bound|both] [--cycles 2000]
+           [--interval 1000] [--repeats 3] [--phase-scale S --host-ms MS] [--out FILE] [--host-profile] [--dry-run]
 """
 from __future__ import annotations
 

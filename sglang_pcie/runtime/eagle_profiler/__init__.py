@@ -87,8 +87,8 @@ __all__ = [
     # the hooks (this module)
     "PATCH_ID", "disabled_reason", "profile_phase", "wrap", "get_profiler", "set_profiler", "flag_untimed_workers",
     # profiler
-    "DEFAULT_INTERVAL", "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL", "SAMPLE_MAX",
-    "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind", "Slot",
+    "DEFAULT_INTERVAL", "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL",
+    "SAMPLE_MAX", "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind", "Slot",
     # clocks, tokens, process, ranks, prometheus
     "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter",
     "install_exit_flush", "process_start_time", "run_identity", "metrics_enabled", "model_name", "tp_rank",

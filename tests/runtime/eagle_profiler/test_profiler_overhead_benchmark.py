@@ -17,7 +17,8 @@ from support.eagle_records import META, interval_stats
 def test_the_overhead_benchmark_dry_run_still_runs(tmp_path):
     out = tmp_path / "overhead.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "eagle3_profile_overhead.py"), "--dry-run",
-                           "--cycles", "250", "--interval", "200", "--warmup", "5", "--repeats", "1", "--out", str(out)],
+                           "--cycles", "250", "--interval", "200", "--warmup", "5", "--repeats", "1",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
