@@ -33,7 +33,7 @@ from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
 from sglang_pcie.runtime.eagle_profiler.clocks import HostClock  # noqa: E402
 
 SAMPLINGS = {"as shipped": None, "every cycle timed": 1}
-INTERVAL = 1000  # the default EAGLE3_PROFILE_INTERVAL (sglang_pcie/runtime/settings.py; a test keeps them equal)
+INTERVAL = ep.DEFAULT_INTERVAL  # EAGLE3_PROFILE_INTERVAL as shipped
 
 
 class HostAcceptLens(list):

@@ -19,8 +19,8 @@ from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX
 from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MARKS_PER_SLOT, NEXT_MARK, Slot
 from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
 
-DEFAULT_INTERVAL = 1000  # decode cycles per report (EAGLE3_PROFILE_INTERVAL's default in runtime/settings.py: a
-# test keeps them equal).  With the floor below, 1 decode cycle in 41 is timed where the host budget has no room: inside a real
+DEFAULT_INTERVAL = 1000  # decode cycles per report (EAGLE3_PROFILE_INTERVAL's default in runtime/settings.py, which
+# cannot import this module at start-up: a test keeps them equal).  With the floor below, 1 decode cycle in 41 is timed where the host budget has no room: inside a real
 # server on an H200's host a timed cycle cost ~260 us of host time (9 CUDA events recorded, queried and read), an
 # untimed one ~45 (benchmarks/results/2026-12-02-h200/profiler-breakdown/), so 1 in 8 (interval 200) cost ~77 us.
 DRAIN_BATCH = 64  # timed cycles read at once, waiting for the GPU if need be, when this many + DRAIN_LAG are unread

@@ -28,7 +28,8 @@ class TokenCounter:
         cycle's timed slot, or None)."""
         accept_lens = getattr(result, "accept_lens", None)  # v2: per request, bonus included, on the GPU
         if accept_lens is not None and hasattr(accept_lens, "shape"):
-            if self.mode != "own" and getattr(accept_lens, "is_cuda", False):
+            on_gpu = getattr(accept_lens, "is_cuda", False)
+            if on_gpu and self.mode != "own":
                 # SGLang replaces result.accept_lens by its host copy right after this call returns (copy_to_cpu, in
                 # overlap and non-overlap scheduling alike): take that at the start of the next cycle (the batch
                 # size too: the copy has as many elements as accept_lens).
@@ -37,7 +38,7 @@ class TokenCounter:
                 return
             batch_size = int(accept_lens.shape[0])
             stats.requests_all += batch_size
-            if not getattr(accept_lens, "is_cuda", False):  # host memory already (no CUDA): read it now
+            if not on_gpu:  # host memory already (no CUDA): read it now
                 tokens = int(accept_lens.sum())
                 stats.add_tokens(batch_size, tokens)
                 if slot is not None and self.observe and batch_size:
