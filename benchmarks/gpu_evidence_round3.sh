@@ -16,9 +16,8 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
 REPO=$PWD
-W=/tmp/round3
-OUT=${OUT:-/tmp/round3-out}
-mkdir -p "$W" "$OUT"
+NAME=round3
+source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/round3, OUT, detached start|work|collect
 
 work() {
   cd /tmp  # python3 -m imports the installed wheel, as users have it
@@ -74,19 +73,10 @@ profiles() {  # the profiled servers' files, checked record by record (also afte
   done > $W/profiles.txt 2>&1
 }
 
-case "${1:-collect}" in
-  start)
-    rm -rf "$W"; mkdir -p "$W"
-    setsid nohup bash "$0" work > /tmp/round3.log 2>&1 < /dev/null &
-    sleep 2; echo "started (log /tmp/round3.log)";;
-  work) work;;
-  collect)
-    T=$(date +%s)
-    while [ ! -f $W/DONE ] && [ $(( $(date +%s) - T )) -lt "${WAIT:-500}" ]; do sleep 5; done
-    grep "^===" /tmp/round3.log | tail -n 3
-    tail -n 5 $W/gpu-bound/progress.log 2>/dev/null
-    profiles
-    tar czf "$OUT/round3.tgz" --exclude='*.safetensors' --exclude='outputs.json' -C /tmp round3 round3.log 2>/dev/null
-    ls -la "$OUT"
-    [ -f $W/DONE ] && echo FINISHED || echo "RUNNING: collect again within 30 s";;
-esac
+progress() {
+  grep "^===" /tmp/round3.log | tail -n 3
+  tail -n 5 $W/gpu-bound/progress.log 2>/dev/null
+  profiles
+}
+
+detached "${1:-collect}"

@@ -14,9 +14,8 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
 REPO=$PWD
-W=/tmp/hostcost
-OUT=${OUT:-/tmp/hostcost-out}
-mkdir -p "$W" "$OUT"
+NAME=hostcost
+source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/hostcost, OUT, detached start|work|collect
 SERVER_ARGS="--model-path $W/small/target --speculative-algorithm EAGLE3 --speculative-draft-model-path $W/small/draft
   --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 1
   --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.5 --max-running-requests 32
@@ -28,17 +27,17 @@ warm_up() {  # one server, ready and one request served, then stopped: the JIT b
     > $W/warmup-server.log 2>&1 &
   local pid=$!
   python3 - <<'PY'
-import json, time, urllib.request
+import http.client, time
+from sglang_pcie.tools.bench.client import generate, http_get  # bench's own client
 deadline = time.time() + 400
 while time.time() < deadline:
     try:
-        urllib.request.urlopen("http://127.0.0.1:29000/health", timeout=5)
-        break
-    except Exception:
-        time.sleep(2)
-body = json.dumps({"input_ids": list(range(10, 138)), "sampling_params": {"max_new_tokens": 64, "temperature": 0}})
-request = urllib.request.Request("http://127.0.0.1:29000/generate", body.encode(), {"Content-Type": "application/json"})
-print("warm-up request:", len(json.load(urllib.request.urlopen(request, timeout=120)).get("output_ids", [])), "tokens")
+        if http_get("127.0.0.1", 29000, "/health")[0] == 200:
+            break
+    except (OSError, http.client.HTTPException):
+        pass
+    time.sleep(2)
+print("warm-up request:", len(generate("127.0.0.1", 29000, list(range(10, 138)), 64, 120)["output_ids"]), "tokens")
 PY
   kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null
   echo "warm-up server: $(( $(date +%s) - start )) s" >> $W/warmup.txt
@@ -71,16 +70,8 @@ work() {
   touch $W/DONE
 }
 
-case "${1:-collect}" in
-  start)
-    rm -rf "$W"; mkdir -p "$W"
-    setsid nohup bash "$0" work > /tmp/hostcost.log 2>&1 < /dev/null &
-    sleep 2; echo "started";;
-  work) work;;
-  collect)
-    T=$(date +%s)
-    while [ ! -f $W/DONE ] && [ $(( $(date +%s) - T )) -lt "${WAIT:-500}" ]; do sleep 5; done
-    tail -n 4 $W/host-bound/progress.log 2>/dev/null
-    tar czf "$OUT/hostcost.tgz" --exclude='*.safetensors' --exclude='outputs.json' -C /tmp hostcost hostcost.log 2>/dev/null
-    [ -f $W/DONE ] && echo FINISHED || echo "RUNNING: collect again within 30 s";;
-esac
+progress() {
+  tail -n 4 $W/host-bound/progress.log 2>/dev/null
+}
+
+detached "${1:-collect}"
