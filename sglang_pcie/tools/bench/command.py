@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-cmd", metavar="CMD",
                    help="the server command before the launch arguments (default: this python -m"
                         " sglang.launch_server); for tests or another interpreter")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the unmeasured warm-up server (by default one server of the first run's variant is"
+                        " started, warmed up and stopped before the first measured one: a cold first server, JIT"
+                        " builds, biases every ratio to it)")
     p.add_argument("--dry-run", action="store_true", help="print the schedule and commands; start nothing")
     p.add_argument("--report", metavar="DIR",
                    help="print the table of an earlier run's DIR/results.json (and draw its chart); start nothing")
@@ -114,7 +118,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     plan = Plan(variants=variants, workload=workload, launch_args=launch_args,
                 server_cmd=server_cmd, extra_env=extra_env, host=args.host, port=args.port, repeats=repeats,
                 out=out, start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
-                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv, resolve=resolve)
+                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv, resolve=resolve,
+                warmup=not args.no_warmup)
     return plan
 
 
