@@ -59,7 +59,10 @@ def time_left(candidates, state, settings) -> str:
     if mean is None:
         return "time left: unknown until a server has run"
     run = measured(state["servers"])
-    todo = sum(1 for n in model_targets(candidates, run, settings) if not ok_servers(run, n)) + 2
+    if settings.sweep:
+        todo = len(candidates) * settings.sweep - len(run)
+    else:
+        todo = sum(1 for n in model_targets(candidates, run, settings) if not ok_servers(run, n)) + 2
     left = min(todo * mean, max(0.0, settings.budget_s - elapsed(state)))
     return f"about {left / 60:.0f} min left (at most {max(0.0, settings.budget_s - elapsed(state)) / 60:.0f})"
 

@@ -194,11 +194,12 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
         if not ok_servers(run, name):
             return Step(name, profiled=position < 2 and name.startswith("chain-"), why="the model needs it")
     fitted = models(candidates, run, settings.workloads)
-    for workload in settings.workloads:
-        top = leaders(candidates, run, workload, fitted[workload])
+    tops = {w: leaders(candidates, run, w, fitted[w]) for w in settings.workloads}
+    for workload, top in tops.items():  # every workload's two leaders measured before any pair is repeated
         for name in top:
             if not ok_servers(run, name):
                 return Step(name, why=f"a leading candidate for {LABELS[workload]} (predicted)")
+    for workload, top in tops.items():
         if len(top) < 2:
             continue
         row = compare(run, workload, top[0], top[1], settings.resolve)

@@ -145,3 +145,30 @@ def test_model_targets_skip_failed_and_add_the_users_tree():
     assert model_targets(found, [], settings) == ["chain-7", "chain-4", "none", "current"]
     failed = [{"candidate": "chain-7", "ok": False}]
     assert model_targets(found, failed, settings)[0] == "chain-6"
+
+
+def test_requests_that_differ_are_modelled_per_request(tmp_path):
+    """Half the requests accept every draft, half one (the GPU pair's mixed drafter): a histogram pooled over the
+    deepest chain's verifies would under-predict the shorter chains; per request the predictions are exact."""
+    everything, one = [1.0] * 7, [1.0] + [0.0] * 6
+    server = CostModelServer(noise=0.0, classes=[(0.5, everything), (0.5, one)])
+    found, settings, state = tune_with(server, tmp_path, max_servers=3)
+    analysis = report.analyse(found, state["servers"], settings)
+    for workload in ("batch", "latency"):
+        true = truths(server, found, workload)
+        for row in analysis[workload]["rows"]:
+            if row["predicted"] is not None:
+                assert abs(row["predicted"] / true[row["candidate"]] - 1) < 1e-9, (workload, row)
+    tokens = analysis["batch"]["model"]["tokens_per_verify"]
+    assert abs(tokens["chain-3"] - 1 / (0.5 / 4 + 0.5 / 2)) < 1e-9  # 2.67, where pooling gives 2.38
+
+
+def test_every_workloads_leaders_are_measured_before_a_pair_is_repeated(tmp_path):
+    """As on the GPU run: batch's two leaders (none, chain-7) are measured by the model's servers, one request's
+    predicted runner-up is not: it comes before a repeat of the batch pair."""
+    server = CostModelServer(noise=0.0, overrides=flat({"none": (1000.0, 10.0), "chain-3": (500.0, 60.0),
+                                                         "chain-7": (950.0, 100.0)}))
+    found, settings, state = tune_with(server, tmp_path, max_servers=4)
+    names = [s["candidate"] for s in state["servers"]]
+    assert names[:3] == ["chain-7", "chain-3", "none"]
+    assert names[3] not in ("none", "chain-7", "chain-3"), names
