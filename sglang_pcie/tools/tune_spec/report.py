@@ -79,7 +79,9 @@ def verdict_line(top, comparison, settings, servers, workload) -> str:
     figures = f"{lead} leads {runner} by {_pct(comparison['median'])}{interval} over {n} pair{'s' * (n != 1)}{band}"
     if comparison["verdict"] == "noise floor":
         return (f"cannot tell: servers of one candidate spread +-{comparison['noise_margin'] * 100:.1f}% here,"
-                f" wider than {target}; {figures}")
+                f" wider than {target}, and the lead does not clear that spread; {figures}")
+    if comparison["verdict"] == "at the band":
+        return f"cannot tell: the lead is about the servers' own spread, more pairs do not settle it; {figures}"
     need = comparison["pairs_needed"]
     more = (f"; about {need} pairs would resolve {target}" if need else
             f"; resolving {target} needs more than 50 pairs at this spread" if n >= 2 else "")
