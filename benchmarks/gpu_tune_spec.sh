@@ -41,7 +41,8 @@ work() {
   cp $M.log $W/make-models.txt
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
   stamp tune-spec
-  ( time python3 -m sglang_pcie tune-spec --out $W/tune --workload both --max-servers "${MAX_SERVERS:-4}" \
+  # --profile: as run on 2026-12-03 (the model servers profiled; tune-spec profiles none by default since)
+  ( time python3 -m sglang_pcie tune-spec --out $W/tune --workload both --max-servers "${MAX_SERVERS:-4}" --profile \
       --budget-minutes 10 "${WORKLOAD[@]}" -- "${LAUNCH[@]}" ) > $W/tune.stdout 2> $W/tune.stderr
   echo "tune-spec exit $?" >> $W/tune.stdout
   stamp sweep

@@ -105,10 +105,10 @@ class CostModelServer:
 
 
 def make_settings(launch=LAUNCH, max_steps=7, workloads=("batch", "latency"), resolve=0.02, budget_min=60.0,
-                  max_servers=None):
+                  max_servers=None, profile=False):
     found = candidates(launch, max_steps, adaptive_available=False)
     settings = Settings(workloads=workloads, resolve=resolve, budget_s=budget_min * 60, max_steps=max_steps,
-                        current=current_name(launch, found), max_servers=max_servers)
+                        current=current_name(launch, found), max_servers=max_servers, profile=profile)
     return found, settings
 
 

@@ -19,7 +19,7 @@ def new_state(launch_args: list, settings, workload: dict, candidates: list) -> 
             "settings": {"workloads": list(settings.workloads), "resolve": settings.resolve,
                          "budget_s": settings.budget_s, "max_steps": settings.max_steps,
                          "current": settings.current, "max_servers": settings.max_servers,
-                         "sweep": settings.sweep},
+                         "sweep": settings.sweep, "profile": settings.profile},
             "workload": workload, "candidates": [c.as_dict() for c in candidates], "warmup": None,
             "servers": [], "complete": False, "stopped": None}
 

@@ -1,8 +1,8 @@
 """Which server to start next, and what the servers so far say: a pure function of the servers measured, so that a
 stopped run resumes where it was (``--resume``) and the tests drive it with a fake measurement.
 
-1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep), both
-   profiled, and no speculation; the user's setting where it is not a chain. A server that fails takes its
+1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep)
+   (profiled with ``--profile``), and no speculation; the user's setting where it is not a chain. A server that fails takes its
    candidate out (named); the model then takes the next chain.
 2. Per workload, the leader and the runner-up (measured medians where measured, else the model's prediction) are
    measured, then repeated in counterbalanced order (A B B A ...) until the leader's lead is resolved at
@@ -40,6 +40,7 @@ class Settings:
     current: str  # the candidate that is the user's setting
     max_servers: int | None = None  # measured servers at most (the warm-up not counted)
     sweep: int = 0  # > 0: no model, every candidate this many times in counterbalanced order (a reference)
+    profile: bool = False  # EAGLE3_PROFILE=1 in the model's two chain servers (their phase costs, for the report)
 
 
 def ok_servers(servers: list[dict], name: str) -> list[dict]:
@@ -197,7 +198,8 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
     targets = model_targets(candidates, run, settings)
     for position, name in enumerate(targets):
         if not ok_servers(run, name):
-            return Step(name, profiled=position < 2 and name.startswith("chain-"), why="the model needs it")
+            return Step(name, profiled=settings.profile and position < 2 and name.startswith("chain-"),
+                        why="the model needs it")
     fitted = models(candidates, run, settings.workloads)
     tops = {w: leaders(candidates, run, w, fitted[w]) for w in settings.workloads}
     for workload, top in tops.items():  # every workload's two leaders measured before any pair is repeated

@@ -17,10 +17,13 @@ def truths(server, found, workload):
             if c.kind in ("none", "chain")}
 
 
-def test_model_servers_first_deepest_and_users_chain_profiled(tmp_path):
+def test_model_servers_first_deepest_and_users_chain_profiled_only_when_asked(tmp_path):
     server = CostModelServer(noise=0.0)
-    tune_with(server, tmp_path)
+    tune_with(server, tmp_path / "profiled", profile=True)
     assert server.started[:3] == [("chain-7", 1, True), ("chain-3", 2, True), ("none", 3, False)]
+    server = CostModelServer(noise=0.0)
+    tune_with(server, tmp_path / "plain")
+    assert server.started[:3] == [("chain-7", 1, False), ("chain-3", 2, False), ("none", 3, False)]
 
 
 def test_finds_the_known_optimum_of_each_workload_in_few_servers(tmp_path):
