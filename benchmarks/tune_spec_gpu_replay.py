@@ -10,11 +10,14 @@ benchmarks/gpu_tune_spec.sh's run on one H200 (2026-12-03, commit ac17efc's tune
    predicted them from chain-7, and per request. The run kept pooled histograms only, so the per-request figure
    uses the two request kinds the pooled chain-7 histogram shows (a verify accepted one draft or all seven): the
    share g of requests that accept all solves  a_2 = (g / 8) / (g / 8 + (1 - g) / 2).
+5. the profiled servers against the sweep's unprofiled ones: bench's batch tok/s, and the median of SGLang's own
+   "gen throughput" log lines at 32 running requests (its metrics reporter, every 40 decode steps).
 The one-request figure of that run is 1000 / TPOT p50 (the version since uses the mean TPOT).
 """
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -72,6 +75,19 @@ def main() -> None:
         per_request = 1 / (g / (k + 1) + (1 - g) / 2)
         print(f"   {name:<8} measured {measured_tokens:.3f}   pooled {pooled:.3f} ({pooled / measured_tokens - 1:+.1%})"
               f"   per request {per_request:.3f} ({per_request / measured_tokens - 1:+.1%})")
+
+    print("\n5. profiled (tune-spec's model servers) against unprofiled (the sweep) of the same setting")
+    for name in ("chain-7", "chain-3"):
+        rows = [("profiled", s, "tune") for s in tune["servers"] if s["candidate"] == name]
+        rows += [("unprofiled", s, "sweep") for s in sweep["servers"] if s["candidate"] == name]
+        for kind, server, run in rows:
+            log = RAW / run / "runs" / f"{server['index']:02d}-{name}{'-profiled' if server['profiled'] else ''}" \
+                / "server.log"
+            lines = [float(x) for x in re.findall(r"#running-req: 32,.*?gen throughput \(token/s\): ([\d.]+)",
+                                                     log.read_text(errors="replace"))]
+            print(f"   {name} {kind:<10} server {run} {server['index']:>2}: batch {server['batch']['value']:7.1f} tok/s;"
+                  f" SGLang's gen throughput at 32 running, median of {len(lines)} lines:"
+                  f" {statistics.median(lines):7.1f}")
 
 
 if __name__ == "__main__":
