@@ -34,18 +34,24 @@ def test_finds_the_known_optimum_of_each_workload_in_few_servers(tmp_path):
         true = truths(server, found, workload)
         pick = analysis[workload]["recommended"]
         assert true[pick] >= max(true.values()) / 1.02, (workload, pick, true)
-    assert len([s for s in state["servers"]]) <= 12 * 0.4 + 6  # the budget: 12 minutes of 60 s servers
+    assert len(state["servers"]) <= (12 * 60 - 90) // 60  # 12 minutes: a 90 s warm-up, then 60 s servers
 
 
-def test_predictions_match_the_true_model_without_noise(tmp_path):
-    server = CostModelServer(noise=0.0)
+def predictions_after_the_model_servers(server, tmp_path) -> dict:
+    """The analysis after the model's three servers; every chain's prediction checked against the truth."""
     found, settings, state = tune_with(server, tmp_path, max_servers=3)
     analysis = report.analyse(found, state["servers"], settings)
     for workload in ("batch", "latency"):
         true = truths(server, found, workload)
-        for row in analysis[workload]["rows"]:
-            if row["predicted"] is not None:
-                assert abs(row["predicted"] / true[row["candidate"]] - 1) < 1e-9
+        predicted = [row for row in analysis[workload]["rows"] if row["predicted"] is not None]
+        assert len(predicted) == 7
+        for row in predicted:
+            assert abs(row["predicted"] / true[row["candidate"]] - 1) < 1e-9, (workload, row)
+    return analysis
+
+
+def test_predictions_match_the_true_model_without_noise(tmp_path):
+    predictions_after_the_model_servers(CostModelServer(noise=0.0), tmp_path)
 
 
 def test_cannot_tell_when_the_noise_hides_the_difference(tmp_path):
@@ -154,14 +160,8 @@ def test_requests_that_differ_are_modelled_per_request(tmp_path):
     """Half the requests accept every draft, half one (the GPU pair's mixed drafter): a histogram pooled over the
     deepest chain's verifies would under-predict the shorter chains; per request the predictions are exact."""
     everything, one = [1.0] * 7, [1.0] + [0.0] * 6
-    server = CostModelServer(noise=0.0, classes=[(0.5, everything), (0.5, one)])
-    found, settings, state = tune_with(server, tmp_path, max_servers=3)
-    analysis = report.analyse(found, state["servers"], settings)
-    for workload in ("batch", "latency"):
-        true = truths(server, found, workload)
-        for row in analysis[workload]["rows"]:
-            if row["predicted"] is not None:
-                assert abs(row["predicted"] / true[row["candidate"]] - 1) < 1e-9, (workload, row)
+    analysis = predictions_after_the_model_servers(
+        CostModelServer(noise=0.0, classes=[(0.5, everything), (0.5, one)]), tmp_path)
     tokens = analysis["batch"]["model"]["tokens_per_verify"]
     assert abs(tokens["chain-3"] - 1 / (0.5 / 4 + 0.5 / 2)) < 1e-9  # 2.67, where pooling gives 2.38
 
