@@ -23,7 +23,7 @@ def test_a_warm_up_server_runs_first_and_is_not_measured(run_bench):
                                         warmup=True)
     assert code == 0, out + err
     warmup = results["warmup"]
-    assert warmup["ok"] and warmup["failure"] is None and warmup["variant"] == "baseline"
+    assert warmup["ok"] and warmup["failure"] is None and warmup["variant"] == "baseline", warmup
     assert warmup["ready_s"] > 0 and warmup["wall_s"] >= warmup["ready_s"]
     assert Path(warmup["folder"]).name == "00-warmup" and warmup["stop"]["survivors"] == []
     # the measured servers are as without it: their own indexes, order and ratios
