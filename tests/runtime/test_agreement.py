@@ -413,3 +413,12 @@ def test_a_record_holds_its_bounds_whatever_the_values(monkeypatch):
     assert len(raw) <= agreement.MAX_RECORD_BYTES
     back = Record.from_json(raw)
     assert back.cut and len(back.values) + back.cut == 400 and back == Record.from_json(back.to_json())
+
+
+def test_equal_long_settings_on_two_real_nodes_start_under_strict(torch_python, tmp_path):
+    same = {"NCCL_NET_PLUGIN": "/opt/" + "p" * 294 + "/libnccl-net.so", "SGLANG_PCIE_NCCL_DECIDED": "none",
+            "SGLANG_PCIE_STRICT": "1", **{f"NCCL_V{i:03}": "v" * 300 for i in range(300)}}
+    results = run_world(torch_python, [node(0, **same), node(1, **same)], tmp_path)
+    for result in results:
+        assert result["rc"] == 0 and P not in result["err"], result["err"][-2000:]
+        assert result["json"]["verdict"]["lines"] == [] and result["json"]["verdict"]["nodes"] == 2
