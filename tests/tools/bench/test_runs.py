@@ -19,7 +19,7 @@ from sglang_pcie.tools.bench.runs import accept_length, server_decode_stats, sho
 from sglang_pcie.tools.cli import main as cli_main
 
 
-def test_bench_end_to_end(run_bench, capsys, tmp_path):
+def test_bench_end_to_end(run_bench, capsys, tmp_path, table_row):
     code, out, err, results = run_bench(
         "--repeats", "2", "--variant", "overlay", "--variant", "profile",
         "--variant", "s2:args=--fake-shift 1", "--variant", "nccl:env=NCCL_PROTO=LL;repeats=1",
@@ -75,7 +75,7 @@ def test_bench_end_to_end(run_bench, capsys, tmp_path):
     assert results["outputs"]["s2"]["verdict"].startswith("differs (allowed")
     assert results["outputs"]["s2"]["within_variant"]["differing"] == 0
     # the report: table on stdout, progress on stderr, per-server logs, results.json, chart or why not
-    assert re.search(r"^overlay +batch output tok/s +[\d.]+ +[\d.]+ \[[\d.]+-[\d.]+\] +2 +±[>\d.]+%  \w", out, re.M)
+    assert table_row("overlay", "batch output tok/s", results["ratios"]["overlay"]["batch output tok/s"]).search(out)
     assert "overlay       identical: 0/20 requests differ" in out
     assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
             " all read") in out
