@@ -122,3 +122,17 @@ def test_every_commands_help_lists_its_exit_codes_in_plain_text_and_names_docs_b
         for path in re.findall(r"(?<![\w/.-])docs/[\w.-]*\w", text):
             problems.append(f"{name}: names {path}, not its URL")
     assert not problems, "\n".join(problems)
+
+
+def test_a_written_usage_line_names_each_options_argument_as_the_option_list_does():
+    import re
+
+    problems = []
+    for name, parser in _parsers()[1:]:
+        usage = parser.format_usage()
+        for action in parser._actions:
+            for option in action.option_strings:
+                for written in re.findall(rf"{re.escape(option)} ([A-Z][A-Z_]*)\b", usage):
+                    if written != (action.metavar or action.dest.upper()):
+                        problems.append(f"{name}: usage {option} {written}, options {option} {action.metavar}")
+    assert not problems, "\n".join(problems)
