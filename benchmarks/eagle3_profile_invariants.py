@@ -4,10 +4,14 @@ rounding (docs/eagle3-profile.md, "Invariants a GPU run can assert"):
 
   * phases_sum_ms <= cycle_ms <= timed_wall_cycle_ms, and gpu_busy <= 1 (the same timed cycles);
   * a full interval has at least QUANTILE_MIN timed cycles with a wall time, and its p50/p90;
-  * syncs == 0.
+  * syncs == 0;
+  * schema 4: accept_hist counts the same request-verifies as tokens and decode_requests (sum(hist) ==
+    decode_requests, sum(n * hist[n]) == tokens), its index 0 is 0 (each request-verify emits the bonus token) and
+    it has spec_draft_tokens + 1 entries where the draft tokens are known (null only where the profiler staged its
+    own sums: accept_length_exact false).
 
 Prints one line per record of the newest run (--all: every run) and a verdict; exit 0 when every record holds them,
-1 when one does not, 2 for an unreadable file or no schema-3 records.
+1 when one does not, 2 for an unreadable file or no schema 3 or 4 records.
 
 usage: python3 benchmarks/eagle3_profile_invariants.py FILE [--all]
 """
@@ -23,6 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
 
 EPSILON = 1e-9
+MAJORS = (3, 4)  # the schemas with the timed cycles' own wall time
+
+
+def _major(line):
+    try:
+        return int(json.loads(line).get("schema", "").rpartition("/")[2])
+    except (ValueError, AttributeError):
+        return None
 
 
 def failures(record) -> list[str]:
@@ -39,6 +51,25 @@ def failures(record) -> list[str]:
         found.append(f"{cycle['n']} timed cycles with a wall time, under {ep.QUANTILE_MIN}")
     if record["syncs"]:
         found.append(f"{record['syncs']} forced GPU waits")
+    if "accept_hist" in record:  # schema 4
+        found += hist_failures(record)
+    return found
+
+
+def hist_failures(record) -> list[str]:
+    hist = record["accept_hist"]
+    if hist is None:
+        return [] if not record["accept_length_exact"] else ["no accept_hist where every decode cycle was counted"]
+    found = []
+    tokens = sum(n * count for n, count in enumerate(hist))
+    if (sum(hist), tokens) != (record["decode_requests"], record["tokens"]):
+        found.append(f"accept_hist: {sum(hist)} request-verifies, {tokens} tokens against"
+                     f" {record['decode_requests']}, {record['tokens']}")
+    if hist and hist[0]:
+        found.append(f"accept_hist: {hist[0]} request-verifies emitted no token")
+    draft_tokens = record.get("spec_draft_tokens")
+    if draft_tokens is not None and len(hist) != draft_tokens + 1:
+        found.append(f"accept_hist: {len(hist)} entries for {draft_tokens} draft tokens")
     return found
 
 
@@ -56,9 +87,10 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"eagle3_profile_invariants: cannot read {args.file!r}: {exc}", file=sys.stderr)
         return 2
-    records = [json.loads(line) for line in lines if line.startswith("{") and ep.SCHEMA in line]
+    records = [json.loads(line) for line in lines if line.startswith("{") and ep.SCHEMA_FAMILY in line
+               and _major(line) in MAJORS]
     if not records:
-        print(f"eagle3_profile_invariants: no {ep.SCHEMA} records in {args.file!r}", file=sys.stderr)
+        print(f"eagle3_profile_invariants: no {ep.SCHEMA_FAMILY}{{3,4}} records in {args.file!r}", file=sys.stderr)
         return 2
     newest = max(records, key=lambda r: r["run_started"])["run_id"]
     chosen = records if args.all else [r for r in records if r["run_id"] == newest]

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "sglang_pcie.tools.profile_report",
     "sglang_pcie.tools.tune_nccl",
     "sglang_pcie.tools.bench",
+    "sglang_pcie.tools.tune_spec",
     "sglang_pcie.tools.make_test_models",
     "sglang_pcie.tools.check_drafter",
 )

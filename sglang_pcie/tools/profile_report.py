@@ -4,8 +4,9 @@ Reads every interval record - JSON objects with a "sglang-pcie.eagle3-profile/N"
 or the "sglang-pcie eagle3-profile [...]" log lines (from the server's log) - and groups them by run (process start
 time + pid).  It summarises the newest run unless told otherwise (--run ID, --all): the per-phase table over the
 timed cycles, the accept length, the served throughput (wall time) next to what the GPU time implies, how busy the
-GPU was, the profiler's own host time and, with a baseline (from the run or --baseline-ms), the break-even accept
-length and the projected speedup.
+GPU was, the profiler's own host time, the speculative settings with the draft step's time and the acceptance per
+depth (schema 4: the share of request-verifies that accepted at least j drafts, from the run's pooled histogram) and,
+with a baseline (from the run or --baseline-ms), the break-even accept length and the projected speedup.
 
 Means are exact over the timed cycles (each interval weighted by its timed cycles); the percentiles of single
 cycles are not kept across intervals, so the table's p50/p90 are the weighted means of the percentiles of the
@@ -23,7 +24,8 @@ import re
 import sys
 
 from sglang_pcie.runtime.eagle_profiler import (LOG_PREFIX, PHASES, QUANTILE_MIN, REPORTED, SCHEMA_FAMILY,
-                                                SCHEMA_MAJOR, bound, finite, projection)
+                                                SCHEMA_MAJOR, SPEC_SETTINGS, accept_at_least, bound, finite,
+                                                projection)
 from sglang_pcie.tools.command import Command, UsageError
 
 PROG = "sglang-pcie profile-report"
@@ -90,8 +92,10 @@ def parse_log_line(line: str) -> dict | None:
     kind = _ACCEPT_KIND.search(body)
     busy = _BUSY.search(body)
     legacy = "run" not in fields
+    spec = (fields.get("spec") or "").split("/")
+    major = 1 if legacy else 4 if "accept_hist" in fields else 3 if "timed_wall_cycle" in fields else 2
     record = {
-        "schema": f"{SCHEMA_FAMILY}{1 if legacy else 3 if 'timed_wall_cycle' in fields else 2}",
+        "schema": f"{SCHEMA_FAMILY}{major}",
         "run_id": fields.get("run", LEGACY_RUN), "run_started": None,
         "tp_rank": _int(fields.get("tp")), "pp_rank": _int(fields.get("pp")), "dp_rank": _int(fields.get("dp")),
         "timer": fields.get("timer"), "syncs": _int(fields.get("syncs")) or 0,
@@ -108,8 +112,20 @@ def parse_log_line(line: str) -> dict | None:
         "profiler_host_us_per_cycle": _value(fields.get("host")),
         "baseline_ms": _value(fields.get("baseline")),
         "partial": " partial]" in head + "]",
+        "accept_hist": _hist_field(fields.get("accept_hist")),
+        **{key: _int(spec[i]) if len(spec) == len(SPEC_SETTINGS) else None
+           for i, (key, _, _) in enumerate(SPEC_SETTINGS)},
     }
     return record
+
+
+def _hist_field(text):
+    if text in (None, "-"):
+        return None
+    try:
+        return [int(count) for count in text.split(",")]
+    except ValueError:
+        raise Malformed(f"accept_hist={text!r} is not a list of counts") from None
 
 
 def schema_major(record) -> int:
@@ -183,6 +199,8 @@ def normalise(record: dict) -> dict:
         "unfinished_at_exit": _number(record, "unfinished_at_exit", integer=True) or 0,
         "partial": bool(record.get("partial")),
         "sample_every": _number(record, "sample_every"),
+        "accept_hist": _accept_hist(record) if major >= 4 else None,
+        **{key: (_number(record, key, integer=True) if major >= 4 else None) for key, _, _ in SPEC_SETTINGS},
     }
     if out["wall_cycles"] is None and out["wall_cycle_ms"] is not None:
         out["wall_cycles"] = max(decode - 1, 1)
@@ -193,6 +211,16 @@ def normalise(record: dict) -> dict:
     if reason:
         raise Malformed(f"impossible: {reason}")
     return out
+
+
+def _accept_hist(record):
+    hist = record.get("accept_hist")
+    if hist is None:
+        return None
+    if not isinstance(hist, list) or any(isinstance(c, bool) or not isinstance(c, (int, float)) or c != int(c)
+                                         or c < 0 for c in hist):
+        raise Malformed(f"accept_hist={hist!r} is not a list of counts")
+    return [int(c) for c in hist]
 
 
 # A record's times are rounded (log lines: to the microsecond): an inequality the profiler keeps exactly is broken
@@ -208,7 +236,8 @@ def _above(value, bound):
 def impossible(record: dict) -> str | None:
     """Why a (normalised) record cannot be a measurement, or None: a negative time, percentiles out of order, phases
     summing above the cycle, a cycle above its own wall time (schema 3), more timed cycles than cycles, fewer tokens
-    than requests (each request emits at least one token per cycle)."""
+    than requests (each request emits at least one token per cycle), a histogram of tokens per request-verify
+    (schema 4) that does not add up to the record's requests and tokens (it counts the same request-verifies)."""
     for name, entry in record["phases_ms"].items():
         for key in ("mean", "p50", "p90"):
             if entry[key] is not None and entry[key] < 0:
@@ -229,6 +258,11 @@ def impossible(record: dict) -> str | None:
         return f"{record['timed_cycles']} timed cycles of {record['decode_cycles']}"
     if record["tokens"] < record["decode_requests"]:
         return f"{record['tokens']} tokens for {record['decode_requests']} request-cycles (at least one each)"
+    hist = record["accept_hist"]
+    if hist is not None and (sum(hist), sum(n * c for n, c in enumerate(hist))) != (record["decode_requests"],
+                                                                                 record["tokens"]):
+        return (f"accept_hist counts {sum(hist)} request-verifies and {sum(n * c for n, c in enumerate(hist))}"
+                f" tokens, not the record's {record['decode_requests']} and {record['tokens']}")
     return None
 
 
@@ -340,6 +374,34 @@ def throughput(records: list[dict]) -> dict:
             "tokens_per_s_gpu": sum(_emitted(r) for r in with_gpu) / gpu_s if gpu_s else None}
 
 
+def pooled_hist(records: list[dict]) -> list | None:
+    """The run's histogram of tokens per request-verify: the sum of its records' counts (those that give one); None
+    where none does."""
+    hists = [r["accept_hist"] for r in records if r["accept_hist"] is not None]
+    if not hists:
+        return None
+    pooled = [0] * max(len(h) for h in hists)
+    for hist in hists:
+        for n, count in enumerate(hist):
+            pooled[n] += count
+    return pooled
+
+
+def spec_of(records: list[dict]) -> dict:
+    """The run's speculative settings: each where its records agree (None where they do not or none says)."""
+    settings = {}
+    for key, _, _ in SPEC_SETTINGS:
+        values = {r[key] for r in records if r[key] is not None}
+        settings[key] = values.pop() if len(values) == 1 else None
+    return settings
+
+
+def draft_step(records: list[dict]) -> float | None:
+    """The draft phase's mean over the timed cycles divided by the steps, weighted as the phase means are."""
+    return _weighted((r["phases_ms"]["draft"]["mean"] / r["spec_steps"], r["phases_ms"]["draft"]["n"])
+                     for r in records if r["spec_steps"] and r["phases_ms"].get("draft", {}).get("mean") is not None)
+
+
 def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
     """One run's figures from its (normalised) interval records (see the module docstring for the percentiles)."""
     phases = phase_table(records)
@@ -349,6 +411,7 @@ def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
     accept = tokens / requests if requests else None
     wall_cycle_ms = _weighted((r["wall_cycle_ms"], r["wall_cycles"]) for r in records)
     busy = gpu_busy(records, cycle_ms, wall_cycle_ms)
+    hist = pooled_hist(records)
     if baseline_ms is None:
         baseline_ms = next((r["baseline_ms"] for r in reversed(records) if r["baseline_ms"]), None)
     first = records[0]
@@ -377,6 +440,8 @@ def summarise(records: list[dict], baseline_ms: float | None = None) -> dict:
         "profiler_host_us_per_cycle": _weighted(
             (r["profiler_host_us_per_cycle"], r["decode_cycles"] + r["prefill_cycles"] + r["idle_cycles"])
             for r in records),
+        **spec_of(records), "draft_step_ms": draft_step(records),
+        "accept_hist": hist, "accept_at_least": accept_at_least(hist),
     }
     summary.update(projection(wall_cycle_ms or cycle_ms, accept, baseline_ms))
     return finite(summary)
@@ -414,6 +479,22 @@ def _busy_line(summary: dict) -> str | None:
             " time over every cycle's wall time, not the same cycles; may exceed 100%)")
 
 
+def _spec_lines(summary: dict) -> list[str]:
+    lines = []
+    settings = [summary.get(key) for key, _, _ in SPEC_SETTINGS]
+    if any(value is not None for value in settings):
+        steps, topk, draft_tokens = ("?" if value is None else value for value in settings)
+        step = summary.get("draft_step_ms")
+        lines.append(f"speculative settings: {steps} steps, topk {topk}, {draft_tokens} draft tokens"
+                     + ("" if step is None else f"; draft step {step:.3f} ms (the draft phase / its steps)"))
+    shares, hist = summary.get("accept_at_least"), summary.get("accept_hist")
+    if shares:
+        lines.append("accept at least j drafts: " + "  ".join(f"{j}: {share * 100:.1f}%"
+                                                             for j, share in enumerate(shares, 1))
+                     + f" (n={sum(hist)} request-verifies)")
+    return lines
+
+
 def format_summary(summary: dict, source: str, note: str = "") -> str:
     lines = [f"EAGLE3 profile of {source}, run {summary['run_id']} ({_ranks_text(summary['ranks'])}"
              f"{', ' + summary['worker'] if summary['worker'] else ''}){note}",
@@ -428,6 +509,7 @@ def format_summary(summary: dict, source: str, note: str = "") -> str:
                      f" {'every decode cycle' if summary['accept_length_exact'] else 'timed cycles only'})")
     else:
         lines.append("accept length: unknown (no accepted-token counts in the input)")
+    lines += _spec_lines(summary)
     served, gpu = summary["tokens_per_s_served"], summary["tokens_per_s_gpu"]
     lines.append(f"tokens/s served (wall time): {'-' if served is None else f'{served:.1f}'};"
                  f" implied by the GPU time: {'-' if gpu is None else f'{gpu:.1f}'}")

@@ -17,13 +17,26 @@ RECORD_KEYS = {"schema", "time", "run_id", "run_started", "pid", "tp_rank", "pp_
                "phases_ms", "phases_sum_ms", "cycle_ms", "timed_wall_cycle_ms", "wall_cycle_ms", "wall_cycles",
                "gpu_busy", "bound", "prefill_ms", "wall_s", "tokens_per_s_served", "tokens_per_s_gpu",
                "tokens_per_s_per_request", "profiler_host_us_per_cycle", "profiler_host_share", "baseline_ms",
-               "break_even_accept_length", "projected_speedup", "syncs", "unfinished_at_exit"}
+               "break_even_accept_length", "projected_speedup", "syncs", "unfinished_at_exit",
+               # schema 4
+               "spec_steps", "spec_topk", "spec_draft_tokens", "accept_hist", "accept_at_least", "draft_step_ms"}
 PHASE_KEYS = {"n", "mean", "p50", "p90", "share"}
 
 
-def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=25.0):
-    """An interval with ``decode_cycles`` counted (tokens known for each), each ``wall_cycle_ms`` apart, and the
-    ``timed`` (draft, verify, draft_extend, cycle[, wall]) ms samples (wall: ``wall_cycle_ms`` unless given)."""
+def spread(batch_size, tokens):
+    """The histogram of ``tokens`` over ``batch_size`` requests, as even as it goes (index: tokens per request)."""
+    low, extra = divmod(tokens, batch_size)
+    hist = [0] * (low + 1 + bool(extra))
+    hist[low] += batch_size - extra
+    if extra:
+        hist[low + 1] += extra
+    return hist
+
+
+def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=25.0, hist=True):
+    """An interval with ``decode_cycles`` counted (tokens known for each, with their histogram unless ``hist`` is
+    false), each ``wall_cycle_ms`` apart, and the ``timed`` (draft, verify, draft_extend, cycle[, wall]) ms samples
+    (wall: ``wall_cycle_ms`` unless given)."""
     stats = ep.IntervalStats()
     for draft, verify, extend, cycle, *wall in timed:
         stats.add_timed({"draft": draft, "verify": verify, "draft_extend": extend}, cycle,
@@ -31,7 +44,7 @@ def interval_stats(timed, decode_cycles, batch_size=2, tokens=4, wall_cycle_ms=2
     for _ in range(decode_cycles):
         stats.decode_cycles += 1
         stats.requests_all += batch_size
-        stats.add_tokens(batch_size, tokens)
+        stats.add_tokens(batch_size, tokens, spread(batch_size, tokens) if hist else None)
     stats.wall_start, stats.wall_end = 0, int(decode_cycles * wall_cycle_ms * 1e6)
     stats.wall_cycle_ns, stats.wall_cycles = int((decode_cycles - 1) * wall_cycle_ms * 1e6), decode_cycles - 1
     return stats
@@ -135,6 +148,9 @@ class Worker:
     tp_rank = 0
     accept = (2, 1, 3)
     result_lens = AcceptLens
+    # SGLang's settings for a chain of 2 steps: at most 2 drafts accepted + the bonus token
+    server_args = types.SimpleNamespace(speculative_num_steps=2, speculative_eagle_topk=1,
+                                        speculative_num_draft_tokens=3)
 
     def __init__(self):
         self.calls = 0

@@ -8,8 +8,14 @@ launch arguments, then ``--host H --port P``, in its own process group. It answe
 
 Behaviour knobs (environment, so bench variants can set them; launch argument ``--fake-shift N``):
   FAKE_FAIL_START=1       print a message and exit 3 before answering anything
+  FAKE_FAIL_RUNS=N1,N2    the same, only in the run folders named (e.g. 00-warmup: bench's warm-up server)
   FAKE_START_DELAY=S      answer /health 503 for S seconds (default 0.3)
   FAKE_CYCLE_MS=MS        time per decode cycle (default 0.5); FAKE_ACCEPT=K tokens per cycle (default 2)
+  FAKE_HISTOGRAM=KEYS     the acceptance histogram keys meta_info carries, comma-separated (default
+                          spec_correct_drafts_histogram,spec_accept_histogram: SGLang 0.5.16; 0.5.9 has only
+                          spec_accept_histogram, 0.5.23 only spec_correct_drafts_histogram; "none": neither). Index
+                          n: the verify cycles that accepted n drafts: K - 1 in every full cycle, fewer in a last
+                          cycle cut short by max_new_tokens (consistent with spec_verify_ct and completion_tokens)
   FAKE_CYCLE_JITTER=J     this server's cycle time times exp(J * z), z ~ N(0, 1) drawn once per server from
                           FAKE_SEED (default 0) and the name of its run folder (bench logs each server to
                           runs/NN-variant/server.log): identical variants differ as identical servers do, and the
@@ -83,6 +89,21 @@ def output_tokens(input_ids, count, shift):
     if every and seed % every == 0 and count > 3:
         tokens[3] = (tokens[3] + 1) % 30000
     return tokens
+
+
+HISTOGRAM_KEYS = "spec_correct_drafts_histogram,spec_accept_histogram"  # SGLang 0.5.16: the name and its alias
+
+
+def accept_histogram(done: int, accept: int) -> list:
+    """The verify cycles after the prefill token that produced ``done`` tokens, by accepted drafts: each cycle
+    yields its accepted drafts plus one token of the target's, ``accept`` tokens in a full cycle."""
+    decoded = max(0, done - 1)
+    full, last = divmod(decoded, accept)
+    histogram = [0] * accept
+    histogram[accept - 1] = full
+    if last:
+        histogram[last - 1] += 1
+    return histogram
 
 
 def write_profile(tokens, cycles):
@@ -194,6 +215,9 @@ class Handler(BaseHTTPRequestHandler):
                     else None, "e2e_latency": time.monotonic() - start}
             if verify:
                 info.update(spec_verify_ct=verify, spec_accept_length=done / verify)
+                keys = os.environ.get("FAKE_HISTOGRAM", HISTOGRAM_KEYS)
+                for key in (k.strip() for k in keys.split(",") if k.strip() and keys != "none"):
+                    info[key] = accept_histogram(done, accept)
             return info
 
         if req.get("stream"):
@@ -245,7 +269,7 @@ def main():
                     "FAKE_NCCL_IGNORES"):
                 print(f"fakehost:{os.getpid()}:{threading.get_ident() % 100000} [0] NCCL INFO {name} set by"
                       f" environment to {value}", flush=True)
-    if os.environ.get("FAKE_FAIL_START") == "1":
+    if os.environ.get("FAKE_FAIL_START") == "1" or run_name() in os.environ.get("FAKE_FAIL_RUNS", "").split(","):
         print("fake: boom: the model does not fit (FAKE_FAIL_START)", flush=True)
         sys.exit(3)
     if os.environ.get("FAKE_STUBBORN_CHILD") == "1":

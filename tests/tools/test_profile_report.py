@@ -148,8 +148,10 @@ MALFORMED = [
      "mean='x' is not a number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5, "phases_ms": {"cycle": 3}}',
      "no phases_ms.cycle"),
-    ('{"schema": "sglang-pcie.eagle3-profile/4", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
-     "schema sglang-pcie.eagle3-profile/4 is newer than this sglang-pcie reads"),
+    ('{"schema": "sglang-pcie.eagle3-profile/5", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}}}',
+     "schema sglang-pcie.eagle3-profile/5 is newer than this sglang-pcie reads"),
+    ('{"schema": "sglang-pcie.eagle3-profile/4", "decode_cycles": 5, "phases_ms": {"cycle": {"mean": 1}},'
+     ' "accept_hist": [0, -2]}', "accept_hist=[0, -2] is not a list of counts"),
     ('{"schema": "sglang-pcie.eagle3-profile/x"}', "has no major number"),
     ('{"schema": "sglang-pcie.eagle3-profile/2", "decode_cycles": 5', "not valid JSON"),
     ("[TP0] sglang-pcie eagle3-profile [timer=cuda syncs=0]: decode_cycles=5 | accept_len=2.00",
@@ -172,7 +174,8 @@ def test_a_malformed_or_newer_record_is_named_in_one_line_and_skipped(tmp_path, 
     only_bad.write_text("".join(line + "\n" for line, _ in MALFORMED * 2))
     assert cli_main(["profile-report", str(only_bad)]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == profile_report.MAX_SKIP_LINES + 2 and "skipped 8 more records" in err[-2]
+    assert len(err) == profile_report.MAX_SKIP_LINES + 2
+    assert f"skipped {2 * len(MALFORMED) - profile_report.MAX_SKIP_LINES} more records" in err[-2]
 
 
 def _counted(cycles, batch_size, tokens_per_cycle, known_cycles=None, wall_cycle_ms=10.0, cycle_ms=8.0):
@@ -309,3 +312,108 @@ def subparser(name):
 
     action = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return action.choices[name]
+
+
+# ------------------------------------------------------------------- schema 4: acceptance per depth, settings
+
+
+def _spec_interval(hist, draft_ms=0.9, cycles=100, timed=20, spec=(3, 1, 4), run="20261130T100000Z-42"):
+    """An interval of ``cycles`` decode cycles whose request-verifies emitted ``hist`` (index: tokens), with
+    ``timed`` timed cycles of a ``draft_ms`` draft phase and the speculative settings ``spec``."""
+    stats = interval_stats([(draft_ms, 6.0, 0.5, 8.0)] * timed, decode_cycles=0, wall_cycle_ms=10.0)
+    stats.decode_cycles = cycles
+    requests, tokens = sum(hist), sum(n * c for n, c in enumerate(hist))
+    stats.requests_all = requests
+    stats.add_tokens(requests, tokens, hist)
+    stats.token_cycles = cycles
+    stats.wall_start, stats.wall_end = 0, int(cycles * 10.0 * 1e6)
+    stats.wall_cycle_ns, stats.wall_cycles = int((cycles - 1) * 10.0 * 1e6), cycles - 1
+    settings = dict(zip(("spec_steps", "spec_topk", "spec_draft_tokens"), spec))
+    return stats.record(**{**META, "run_id": run}, **settings)
+
+
+def test_the_run_pools_the_histograms_and_shows_the_acceptance_per_depth(tmp_path, capsys):
+    """The run's accept_hist is the sum of its intervals' counts and accept_at_least is recomputed from it (not a
+    mean of the intervals' shares); the settings and the draft step (the draft phase's mean over the timed cycles /
+    the steps) come with it, in the JSON (bench's read_profile hands on this summary) and in the text."""
+    first = _spec_interval([0, 10, 20, 30, 40], draft_ms=0.9, timed=20)
+    second = _spec_interval([0, 90, 5, 3, 2], draft_ms=1.5, timed=10)
+    assert first["accept_at_least"] == pytest.approx([0.9, 0.7, 0.4])
+    path = tmp_path / "run.jsonl"
+    _write_run(path, [first, second])
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["accept_hist"] == [0, 100, 25, 33, 42]
+    assert summary["accept_at_least"] == pytest.approx([100 / 200, 75 / 200, 42 / 200])
+    assert (summary["spec_steps"], summary["spec_topk"], summary["spec_draft_tokens"]) == (3, 1, 4)
+    assert summary["draft_step_ms"] == pytest.approx((0.9 * 20 + 1.5 * 10) / 30 / 3)
+    assert summary["draft_step_ms"] == pytest.approx(summary["phases_ms"]["draft"]["mean"] / 3)
+    assert summary["tokens"] == sum(n * c for n, c in enumerate(summary["accept_hist"]))
+    assert summary["decode_requests"] == sum(summary["accept_hist"])
+    assert cli_main(["profile-report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "speculative settings: 3 steps, topk 1, 4 draft tokens; draft step 0.367 ms" in text
+    assert "accept at least j drafts: 1: 50.0%  2: 37.5%  3: 21.0% (n=200 request-verifies)" in text
+    from sglang_pcie.tools.bench import analysis  # bench reads the profile through profile-report: same keys
+    profile = analysis.read_profile(path)
+    for key in ("accept_hist", "accept_at_least", "spec_steps", "spec_topk", "spec_draft_tokens", "draft_step_ms"):
+        assert profile[key] == pytest.approx(summary[key]), key
+
+
+def test_schema_3_records_and_nulls_read_as_no_histogram(tmp_path, capsys):
+    """A schema 3 record (no accept_hist, no settings) still reads: its histogram and settings are null, so the run
+    has none and the text says nothing of them; a schema 4 record whose histogram is null (the profiler's own sums)
+    adds nothing to the pooled one."""
+    old = json.loads(ep.to_json(_interval(20.0, 18.0, 2, 100)))
+    old["schema"] = "sglang-pcie.eagle3-profile/3"
+    for key in ("spec_steps", "spec_topk", "spec_draft_tokens", "accept_hist", "accept_at_least", "draft_step_ms"):
+        del old[key]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["decode_cycles"] == 100 and summary["accept_length"] == 2.0
+    assert all(summary[key] is None for key in ("accept_hist", "accept_at_least", "spec_steps", "spec_topk",
+                                                 "spec_draft_tokens", "draft_step_ms"))
+    assert cli_main(["profile-report", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "accept at least" not in text and "speculative settings" not in text
+    own = _spec_interval([0, 10, 20, 30, 40])
+    own["accept_hist"] = own["accept_at_least"] = None
+    _write_run(path, [own, _spec_interval([0, 1, 2, 3, 4])])
+    summary = profile_report.summarise(profile_report.read_records(path.read_text().splitlines()))
+    assert summary["accept_hist"] == [0, 1, 2, 3, 4] and summary["decode_requests"] == 110
+
+
+def test_the_log_line_carries_the_histogram_and_the_settings(tmp_path):
+    records = [_spec_interval([0, 10, 20, 30, 40]), _spec_interval([0, 90, 5, 3, 2], spec=(None, None, None))]
+    line = ep.format_line(records[0])
+    assert "accept_hist=0,10,20,30,40 spec=3/1/4" in line
+    assert "accept_hist=0,90,5,3,2 spec=-/-/-" in ep.format_line(records[1])
+    parsed = [profile_report.parse_log_line(ep.format_line(r)) for r in records]
+    assert parsed[0]["schema"] == "sglang-pcie.eagle3-profile/4" and parsed[0]["accept_hist"] == [0, 10, 20, 30, 40]
+    assert (parsed[0]["spec_steps"], parsed[0]["spec_topk"], parsed[0]["spec_draft_tokens"]) == (3, 1, 4)
+    assert parsed[1]["spec_steps"] is None and parsed[1]["accept_hist"] == [0, 90, 5, 3, 2]
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[TP0] {ep.format_line(r)}\n" for r in records))
+    summary = profile_report.summarise(profile_report.read_records(log.read_text().splitlines()))
+    assert summary["accept_hist"] == [0, 100, 25, 33, 42] and summary["spec_steps"] == 3
+    null = {**records[0], "accept_hist": None}
+    assert profile_report.parse_log_line(ep.format_line(null))["accept_hist"] is None
+
+
+def test_a_histogram_that_does_not_add_up_to_the_records_counts_is_impossible(tmp_path, capsys):
+    """It counts the same request-verifies as tokens and decode_requests: a record where it does not is skipped."""
+    good = _spec_interval([0, 10, 20, 30, 40])
+    path = tmp_path / "run.jsonl"
+    lines = [ep.to_json(good), ep.to_json({**good, "accept_hist": [0, 10, 20, 30, 41]}),
+             ep.to_json({**good, "accept_hist": [0, 11, 20, 29, 40]}),
+             ep.to_json({**good, "accept_hist": [0, 1.5]}), ep.to_json({**good, "accept_hist": "0,1"})]
+    path.write_text("\n".join(lines) + "\n")
+    assert cli_main(["profile-report", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["intervals"] == 1
+    err = captured.err.splitlines()
+    assert "accept_hist counts 101 request-verifies and 304 tokens, not the record's 100 and 300" in err[0]
+    assert "accept_hist counts 100 request-verifies and 298 tokens" in err[1]
+    assert "is not a list of counts" in err[2] and "is not a list of counts" in err[3] and len(err) == 4

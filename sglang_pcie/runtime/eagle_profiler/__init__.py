@@ -9,10 +9,11 @@ profiler; the rest of the package:
 
 * ``profiler``: the Profiler (counts every cycle, times a sample, reads the timers, closes and reports intervals);
 * ``clocks``: CUDA events on the current stream, or the host clock;
-* ``tokens``: the accepted-token counts, from SGLang's own host copies;
+* ``tokens``: the accepted-token counts and their histogram per request-verify, from SGLang's own host copies;
 * ``records``: an interval's statistics, its JSON-lines record and its log line;
 * ``process``: the run id, and the flush of the last partial interval at exit and on SIGTERM;
-* ``ranks``: the worker's ranks (only TP rank 0 reports), SGLang's metrics switch and the model name;
+* ``ranks``: the worker's ranks (only TP rank 0 reports), its speculative settings, SGLang's metrics switch and the
+  model name;
 * ``prometheus``: the Prometheus histograms.
 
 What it costs, and why the figures stay honest:
@@ -31,7 +32,8 @@ What it costs, and why the figures stay honest:
 * **Accept length exact, without a kernel.**  SGLang itself copies each v2 cycle's ``accept_lens`` into pinned host
   memory right after the cycle (``copy_to_cpu``, on its copy stream, with a ``copy_done`` event).  The profiler picks
   up that host copy at the start of the next cycle and sums ``TOKEN_BATCH`` of them at once (one concatenation, one
-  sum), once the newest one's ``copy_done`` has passed: no kernel, no copy and no wait of its own.  Only where SGLang
+  sum, one bincount for the acceptance per depth), once the newest one's ``copy_done`` has passed: no kernel, no
+  copy and no wait of its own.  Only where SGLang
   does not copy (the synthetic benchmark, a future scheduler) does it fall back to summing on the stream and copying
   into its own pinned slot, on the timed cycles only; the record then says ``accept_length_exact: false``.  v1
   cycles report per-request host lists.
@@ -74,13 +76,14 @@ from sglang_pcie.runtime.eagle_profiler.profiler import (DEFAULT_INTERVAL, DRAIN
                                                          READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL,
                                                          Profiler, cycle_kind)
 from sglang_pcie.runtime.eagle_profiler.prometheus import ACCEPT_BUCKETS, PHASE_BUCKETS, PrometheusExport
-from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, tp_rank, worker_ranks
+from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, spec_settings, tp_rank, worker_ranks
 from sglang_pcie.runtime.eagle_profiler.slots import MAX_SPANS, NEXT_MARK, Slot
 from sglang_pcie.runtime.eagle_profiler.records import (CYCLE, DECODE, HOST_BOUND_BELOW, IDLE, LOG_PREFIX, PHASES,
                                                         PREFILL, QUANTILE_MIN, REPORTED, RESERVOIR, SCHEMA,
-                                                        SCHEMA_FAMILY, SCHEMA_MAJOR, IntervalStats, Series, bound,
-                                                        finite, format_line, projection, quantile, to_json)
-from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, V1_ACCEPT_FIELDS, TokenCounter
+                                                        SCHEMA_FAMILY, SCHEMA_MAJOR, SPEC_SETTINGS, IntervalStats,
+                                                        Series, accept_at_least, bound, finite, format_line,
+                                                        projection, quantile, to_json)
+from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, V1_ACCEPT_FIELDS, TokenCounter, host_counts
 from sglang_pcie.runtime.results import is_patched, mark
 
 __all__ = [
@@ -90,13 +93,13 @@ __all__ = [
     "DEFAULT_INTERVAL", "DRAIN_BATCH", "DRAIN_LAG", "HOST_BUDGET", "MAX_SPANS", "NEXT_MARK", "READ_PER_CALL",
     "SAMPLE_MAX", "SAMPLE_START", "TIMED_PER_INTERVAL", "Profiler", "cycle_kind", "Slot",
     # clocks, tokens, process, ranks, prometheus
-    "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter",
-    "install_exit_flush", "process_start_time", "run_identity", "metrics_enabled", "model_name", "tp_rank",
-    "worker_ranks", "ACCEPT_BUCKETS", "PHASE_BUCKETS", "PrometheusExport",
+    "CudaClock", "HostClock", "default_clock", "TOKEN_BATCH", "V1_ACCEPT_FIELDS", "TokenCounter", "host_counts",
+    "install_exit_flush", "process_start_time", "run_identity", "metrics_enabled", "model_name", "spec_settings",
+    "tp_rank", "worker_ranks", "ACCEPT_BUCKETS", "PHASE_BUCKETS", "PrometheusExport",
     # records
     "CYCLE", "DECODE", "HOST_BOUND_BELOW", "IDLE", "LOG_PREFIX", "PHASES", "PREFILL", "QUANTILE_MIN", "REPORTED",
-    "RESERVOIR", "SCHEMA", "SCHEMA_FAMILY", "SCHEMA_MAJOR", "IntervalStats", "Series", "bound", "finite",
-    "format_line", "projection", "quantile", "to_json",
+    "RESERVOIR", "SCHEMA", "SCHEMA_FAMILY", "SCHEMA_MAJOR", "SPEC_SETTINGS", "IntervalStats", "Series",
+    "accept_at_least", "bound", "finite", "format_line", "projection", "quantile", "to_json",
 ]
 
 PATCH_ID = "eagle3-profile"

@@ -13,7 +13,7 @@ from enum import Enum
 from sglang_pcie.runtime.eagle_profiler.clocks import default_clock
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, run_identity
 from sglang_pcie.runtime.eagle_profiler.prometheus import PrometheusExport
-from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, worker_ranks
+from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, spec_settings, worker_ranks
 from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,
                                                         format_line, to_json)
 from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MARKS_PER_SLOT, NEXT_MARK, Slot
@@ -113,7 +113,8 @@ class Profiler:
         run_id, started = run_identity()
         self.meta = {"run_id": run_id, "run_started": started, "pid": os.getpid(),
                      "tp_rank": ranks["tp_rank"] or 0, "pp_rank": ranks["pp_rank"], "dp_rank": ranks["dp_rank"],
-                     "worker": type(worker).__name__, "timer": self._clock.name, "interval": self.interval}
+                     "worker": type(worker).__name__, "timer": self._clock.name, "interval": self.interval,
+                     **spec_settings(worker)}
         if metrics_enabled(worker):
             self.metrics = PrometheusExport.create(model_name(worker), self.logger)
             if self.metrics:

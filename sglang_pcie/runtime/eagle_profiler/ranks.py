@@ -1,6 +1,8 @@
 """What the profiler reads from SGLang about the worker it times: its tensor-, pipeline- and data-parallel ranks
-(only TP rank 0 reports), whether SGLang's metrics are on, and the served model's name."""
+(only TP rank 0 reports), its speculative settings, whether SGLang's metrics are on, and the served model's name."""
 from __future__ import annotations
+
+from sglang_pcie.runtime.eagle_profiler.records import SPEC_SETTINGS
 
 
 def _int_attr(holder, name):
@@ -61,6 +63,22 @@ def worker_ranks(worker) -> dict:
         except Exception:
             pass
     return ranks
+
+
+def spec_settings(worker) -> dict:
+    """The worker's speculative settings ({spec_steps, spec_topk, spec_draft_tokens}; None where unknown): SGLang's
+    ``server_args.speculative_num_steps`` / ``speculative_eagle_topk`` / ``speculative_num_draft_tokens``, else the
+    worker's own attributes (``speculative_num_steps``, ``topk``, ``speculative_num_draft_tokens``: v1 and v2 set
+    them from the same server_args)."""
+    try:
+        args = getattr(worker, "server_args", None)
+    except Exception:
+        args = None
+    settings = {}
+    for key, arg_name, attr_name in SPEC_SETTINGS:
+        value = _int_attr(args, arg_name) if args is not None else None
+        settings[key] = value if value is not None else _int_attr(worker, attr_name)
+    return settings
 
 
 def tp_rank(worker) -> int:

@@ -11,13 +11,20 @@ import time
 SCHEMA_FAMILY = "sglang-pcie.eagle3-profile/"
 # 2: sampled timers, run id and ranks, wall-clock and served figures, profiler host time.  3: GPU busy over the
 # timed cycles' own wall time (timed_wall_cycle_ms), a sample count per phase, no percentile from too few samples.
-SCHEMA_MAJOR = 3
+# 4: 3 plus the worker's speculative settings (spec_steps, spec_topk, spec_draft_tokens), the acceptance per depth
+# (accept_hist, accept_at_least) and the draft step's time (draft_step_ms): what a cost model needs to predict other
+# step counts from one profiled server.
+SCHEMA_MAJOR = 4
 SCHEMA = f"{SCHEMA_FAMILY}{SCHEMA_MAJOR}"
 LOG_PREFIX = "sglang-pcie eagle3-profile"
 CYCLE = "cycle"
 PHASES = ("draft", "verify", "draft_extend")  # a decode cycle's phases, in cycle order
 REPORTED = PHASES + ("other", CYCLE)  # "other": the cycle minus its phases (host gaps, bookkeeping kernels)
 DECODE, PREFILL, IDLE = "decode", "prefill", "idle"
+# the worker's speculative settings in each record: its key, SGLang's server_args name, the worker's attribute
+SPEC_SETTINGS = (("spec_steps", "speculative_num_steps", "speculative_num_steps"),
+                 ("spec_topk", "speculative_eagle_topk", "topk"),
+                 ("spec_draft_tokens", "speculative_num_draft_tokens", "speculative_num_draft_tokens"))
 
 RESERVOIR = 4096  # samples kept per series per interval for p50/p90
 QUANTILE_MIN = 20  # p50 / p90 are given from this many samples (p90 of 20: two samples above it); n/a below
@@ -83,6 +90,8 @@ class IntervalStats:
         self.requests = 0  # ... over the decode cycles whose tokens are known
         self.tokens = 0
         self.token_cycles = 0  # decode cycles whose tokens are known
+        self.accept_hist = []  # request-verifies by the tokens each emitted (index), over the same ones as tokens
+        self.hist_missing = False  # some tokens were counted without their per-request values (own staged sums)
         self.wall_start = self.wall_end = None  # perf_counter_ns: first decode cycle's start, the next cycle's start
         # after the last decode cycle (that cycle's end until then)
         self.wall_cycle_ns = 0  # summed host time from one decode cycle's start to the next's (decode -> decode)
@@ -112,11 +121,25 @@ class IntervalStats:
         stays out of the GPU figures (they are all over the same cycles)."""
         self.timed += 1
 
-    def add_tokens(self, batch_size, tokens):
+    def add_tokens(self, batch_size, tokens, hist=None):
+        """A decode cycle's tokens and, where its per-request values were read, their histogram."""
         if batch_size and tokens is not None:
             self.requests += batch_size
             self.tokens += tokens
             self.token_cycles += 1
+            self.add_hist(hist)
+
+    def add_hist(self, hist):
+        """Add a histogram of tokens per request-verify (None: those requests' values were not read)."""
+        if hist is None:
+            self.hist_missing = True
+            return
+        mine = self.accept_hist
+        if len(hist) > len(mine):
+            mine.extend([0] * (len(hist) - len(mine)))
+        for index, count in enumerate(hist):
+            if count:
+                mine[index] += count
 
     def add_prefill(self, cycle_ms: float):
         self.prefill.add(cycle_ms)
@@ -139,12 +162,17 @@ class IntervalStats:
         gpu_busy = cycle_mean / timed_wall_ms if cycle_mean is not None and timed_wall_ms else None
         all_cycles = self.decode_cycles + self.prefill_cycles + self.idle_cycles
         gpu_s = cycle_mean * self.decode_cycles / 1e3 if cycle_mean else None
+        spec = {key: meta.pop(key, None) for key, _, _ in SPEC_SETTINGS}
+        hist = None if self.hist_missing else padded(self.accept_hist, spec["spec_draft_tokens"])
+        draft_mean = phases["draft"]["mean"]
         record = {
             "schema": SCHEMA, "time": time.time(), **meta, "partial": self.partial,
             "decode_cycles": self.decode_cycles, "prefill_cycles": self.prefill_cycles,
             "idle_cycles": self.idle_cycles, "timed_cycles": self.timed, "sample_every": self.sample_every,
             "decode_requests": self.requests, "requests_all": self.requests_all, "tokens": self.tokens,
             "accept_length": accept, "accept_length_exact": exact,
+            **spec, "accept_hist": hist, "accept_at_least": accept_at_least(hist),
+            "draft_step_ms": draft_mean / spec["spec_steps"] if draft_mean is not None and spec["spec_steps"] else None,
             "phases_ms": phases,
             "phases_sum_ms": (sum(phases[p]["mean"] for p in PHASES) if with_wall else None),
             "cycle_ms": cycle_mean, "timed_wall_cycle_ms": timed_wall_ms,
@@ -163,6 +191,30 @@ class IntervalStats:
         record["syncs"] = self.syncs
         record["unfinished_at_exit"] = self.unfinished
         return finite(record)
+
+
+def padded(hist, draft_tokens):
+    """``hist`` with spec_draft_tokens + 1 entries where the draft tokens are known (more where a larger value was
+    seen), else as counted (the largest value seen + 1)."""
+    hist = list(hist)
+    if isinstance(draft_tokens, int) and draft_tokens >= 0 and len(hist) < draft_tokens + 1:
+        hist.extend([0] * (draft_tokens + 1 - len(hist)))
+    return hist
+
+
+def accept_at_least(hist):
+    """For j = 1 .. len(hist) - 2: the share of request-verifies that accepted at least j drafts (emitted at least
+    j + 1 tokens); None without a histogram or a request-verify in it."""
+    if not hist:
+        return None
+    total = sum(hist)
+    if not total:
+        return None
+    shares, above = [], total - sum(hist[:2])  # emitted >= 2 tokens: accepted >= 1 draft
+    for j in range(1, len(hist) - 1):
+        shares.append(above / total)
+        above -= hist[j + 1]
+    return shares
 
 
 def _prefill(series):
@@ -210,6 +262,10 @@ def _rank_text(value):
     return "-" if value is None else str(value)
 
 
+def _hist_text(hist):
+    return "-" if hist is None else ",".join(map(str, hist)) or "-"
+
+
 def format_line(record: dict) -> str:
     """The one log line of an interval; ``profile_report`` parses it back."""
     parts = [f"{LOG_PREFIX} [run={record.get('run_id')} tp={_rank_text(record.get('tp_rank'))}"
@@ -227,7 +283,9 @@ def format_line(record: dict) -> str:
     parts.append(f"accept_len={_num(record['accept_length'], 2)}"
                  f" {'exact' if record['accept_length_exact'] else 'sampled'}"
                  f" tokens={record['tokens']} requests={record['decode_requests']}"
-                 f" requests_all={record['requests_all']}")
+                 f" requests_all={record['requests_all']}"
+                 f" accept_hist={_hist_text(record.get('accept_hist'))}"
+                 f" spec={'/'.join(_rank_text(record.get(key)) for key, _, _ in SPEC_SETTINGS)}")
     busy = record.get("gpu_busy")
     parts.append(f"served_tokens/s={_num(record['tokens_per_s_served'], 1)}"
                  f" gpu_tokens/s={_num(record['tokens_per_s_gpu'], 1)}"

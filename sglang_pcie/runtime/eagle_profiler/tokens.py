@@ -1,13 +1,18 @@
 """What each decode cycle emitted (accepted drafts + one bonus token per request), counted without a kernel or a wait
-of the profiler's own where SGLang already copies ``accept_lens`` to the host (see the package docstring)."""
+of the profiler's own where SGLang already copies ``accept_lens`` to the host (see the package docstring), and how
+many request-verifies emitted each number of tokens (the acceptance per depth: ``accept_hist``)."""
 from __future__ import annotations
 
+import itertools
 import sys
+from collections import Counter
 
 # The v1 worker's per-request accepted-draft counts (host lists), by release: 0.5.8-0.5.10, 0.5.11, 0.5.12-0.5.12.post1.
 V1_ACCEPT_FIELDS = ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu", "num_correct_drafts_per_req_cpu")
 TOKEN_BATCH = 128  # SGLang's host copies of accept_lens summed together, once the newest one's copy_done has passed
 NO_TOKENS = object()  # a timed slot that carries no token count of its own
+HIST_MAX_TOKENS = 1 << 22  # a batch's histogram is taken only below this many tokens (its largest value is at most
+# the sum: bounds what the count allocates, whatever a damaged copy held)
 
 
 class TokenCounter:
@@ -39,8 +44,8 @@ class TokenCounter:
             batch_size = int(accept_lens.shape[0])
             stats.requests_all += batch_size
             if not on_gpu:  # host memory already (no CUDA): read it now
-                tokens = int(accept_lens.sum())
-                stats.add_tokens(batch_size, tokens)
+                tokens, hist = host_counts([accept_lens])
+                stats.add_tokens(batch_size, tokens, hist)
                 if slot is not None and self.observe and batch_size:
                     self.observe(tokens / batch_size)
                 return
@@ -53,7 +58,7 @@ class TokenCounter:
             if per_request is not None:
                 tokens = sum(per_request) + len(per_request)
                 stats.requests_all += len(per_request)
-                stats.add_tokens(len(per_request), tokens)
+                stats.add_tokens(len(per_request), tokens, histogram(Counter(per_request), shift=1))
                 if slot is not None and self.observe and per_request:
                     self.observe(tokens / len(per_request))
                 return
@@ -98,7 +103,9 @@ class TokenCounter:
             end = start
             while end < len(copies) and meta[end][0] is stats:
                 end += 1
-            stats.tokens += _host_sum(copies[start:end])
+            tokens, hist = host_counts(copies[start:end])
+            stats.tokens += tokens
+            stats.add_hist(hist)
             stats.requests += sum(m[1] for m in meta[start:end])
             stats.token_cycles += end - start
             stats.outstanding -= end - start
@@ -123,6 +130,68 @@ class TokenCounter:
         return bool(copies)
 
 
+def host_counts(tensors) -> tuple[int, list | None]:
+    """(the sum of every element of host tensors, their histogram: how many elements hold each value, or None where
+    they are not all non-negative integers).  For a batch of torch tensors one concatenation, one sum and one
+    bincount of the concatenation; for host lists one C-level count."""
+    torch = sys.modules.get("torch")
+    if torch is not None and all(isinstance(t, torch.Tensor) for t in tensors):
+        try:  # SGLang's accept_lens are 1-D: concatenated as they are (a reshape each costs as much as the sum)
+            flat = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+            tokens = int(flat.sum())
+        except RuntimeError:  # 0-d or mixed dimensions: the sum, no histogram
+            return _host_sum(tensors), None
+        if not 0 <= tokens <= HIST_MAX_TOKENS:
+            return tokens, None
+        try:
+            return tokens, torch.bincount(flat).tolist()
+        except RuntimeError:  # not 1-D, a negative or a non-integral value
+            return tokens, None
+    try:
+        values = [_values(t) for t in tensors]
+        packed = bytes(itertools.chain.from_iterable(values))  # values 0-255 (accept lengths are): counted in C
+    except TypeError:  # 0-d values, objects that only sum, non-integral values
+        try:
+            values = [_values(t) for t in tensors]
+            counts = Counter(itertools.chain.from_iterable(values))
+        except TypeError:
+            return sum(_sum(t) for t in tensors), None
+        return sum(value * count for value, count in counts.items()), histogram(counts)
+    except ValueError:  # a value outside 0-255
+        counts = Counter(itertools.chain.from_iterable(values))
+        return sum(value * count for value, count in counts.items()), histogram(counts)
+    hist = [packed.count(value) for value in range(max(packed) + 1)] if packed else []
+    return sum(n * count for n, count in enumerate(hist)), hist
+
+
+def histogram(counts: Counter, shift=0) -> list | None:
+    """``counts`` (value -> how many) as a list indexed by value + ``shift``; None where a value is not a
+    non-negative integer (or a huge one)."""
+    if not counts:
+        return []
+    try:
+        if not all(type(v) is int and 0 <= v <= HIST_MAX_TOKENS for v in counts):
+            if not all(int(v) == v and 0 <= v <= HIST_MAX_TOKENS for v in counts):
+                return None
+        hist = [0] * (int(max(counts)) + 1 + shift)
+        for value, count in counts.items():
+            hist[int(value) + shift] += count
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return hist
+
+
+def _sum(tensor) -> int:
+    add = getattr(tensor, "sum", None)
+    return int(add()) if add is not None else sum(_values(tensor))
+
+
+def _values(tensor):
+    """A host tensor's (or list's) elements as a list."""
+    tolist = getattr(tensor, "tolist", None)
+    return tolist() if tolist is not None else tensor
+
+
 def _host_sum(tensors) -> int:
     """The sum of every element of host tensors: one concatenation and one sum for a batch of torch tensors."""
     if len(tensors) > 1:
@@ -132,4 +201,4 @@ def _host_sum(tensors) -> int:
                 return int(torch.cat(tensors).sum())
             except RuntimeError:  # 0-d or mixed dimensions
                 return int(torch.cat([t.reshape(-1) for t in tensors]).sum())
-    return sum(sum(t.tolist()) for t in tensors)
+    return sum(sum(_values(t)) for t in tensors)

@@ -3,7 +3,9 @@
 Each variant runs as its own real server (``python -m sglang.launch_server`` plus the arguments after ``--``), in
 a fresh process tree, one at a time. Bench waits for ``/health``, reads ``/model_info``, warms the server up,
 drives a fixed deterministic workload (token ids, greedy, ``ignore_eos``: a batch at ``--concurrency`` and a
-concurrency-1 stream), then stops the whole tree and waits until no process of it remains.
+concurrency-1 stream), then stops the whole tree and waits until no process of it remains. Before the first
+measured server, one unmeasured warm-up server of the first run's variant (``--no-warmup`` skips it): the first
+server on a fresh machine is cold (JIT builds) and would bias every ratio to it.
 
 Variants: ``baseline`` (``SGLANG_PCIE_DISABLE=1``), ``overlay``, ``profile`` (``EAGLE3_PROFILE=1``, its JSON lines
 in the run folder) and user variants ``NAME:FIELD=VALUE[;FIELD=VALUE...]`` with the fields ``env`` (``K=V``
@@ -29,7 +31,8 @@ The modules, in the order a run uses them: ``plan`` (variants, order, workload, 
 environment), ``client`` (``/generate``, plain and streamed, replies checked), ``runs`` (one server start to stop,
 the workload, the whole schedule, --repeats auto), ``analysis`` (ratios, outputs compared, profile invariants,
 NCCL, exit status), ``verdicts`` (the interval, the verdict, when auto stops), ``report`` (table, chart, schedule,
-results.json), ``command`` (options, the plan they make, ``COMMAND``).
+results.json), ``command`` (options, the plan they make, ``COMMAND``). Another tool (tune-spec) builds its own
+``Plan``, runs with ``Plan.make_run`` and starts them with ``runs.execute_run`` and ``runs.warm_up``.
 """
 from sglang_pcie.tools.bench.command import COMMAND
 

@@ -260,8 +260,10 @@ def profile_checks(profile: dict, sglang_accept: float | None) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- results
 
-def assemble(plan: Plan, records: list[dict], started: str, complete: bool, auto: dict | None = None) -> dict:
-    """The results document (schema sglang-pcie.bench/1); ``auto``: why --repeats auto stopped, once it did."""
+def assemble(plan: Plan, records: list[dict], started: str, complete: bool, auto: dict | None = None,
+             warmup: dict | None = None) -> dict:
+    """The results document (schema sglang-pcie.bench/1); ``auto``: why --repeats auto stopped, once it did;
+    ``warmup``: the unmeasured warm-up server's summary (``runs.warm_up``), never in ``runs`` nor in a ratio."""
     for r in records:
         if r.get("profile"):
             r["profile_checks"] = profile_checks(r["profile"], (r.get("metrics") or {}).get("accept_length_served"))
@@ -274,6 +276,8 @@ def assemble(plan: Plan, records: list[dict], started: str, complete: bool, auto
         "ratios": compute_ratios(records, plan.variants),
         "outputs": compare_outputs(records, plan.variants),
     }
+    if warmup is not None:
+        results["warmup"] = warmup
     if plan.resolve is not None:
         results["auto"] = auto or dict(plan.resolve.as_dict(), stopped=None)  # None: still running
     return results
@@ -281,8 +285,10 @@ def assemble(plan: Plan, records: list[dict], started: str, complete: bool, auto
 
 def exit_code(results: dict) -> int:
     """0: every server ran and stopped, no must-match variant changed tokens, every profile invariant held;
-    1 otherwise."""
+    1 otherwise. A warm-up server that failed does not count (it measures nothing); one that left a process does."""
     if any(not r.get("ok") or (r.get("stop") or {}).get("survivors") for r in results["runs"]):
+        return 1
+    if ((results.get("warmup") or {}).get("stop") or {}).get("survivors"):
         return 1
     if any(e.get("verdict") == "DIFFERENT" for e in results["outputs"].values()):
         return 1

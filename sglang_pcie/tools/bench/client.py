@@ -54,6 +54,7 @@ def generate(host, port, input_ids, max_new_tokens, timeout) -> dict:
 
 
 _COUNTS = ("completion_tokens", "spec_verify_ct")  # the meta_info fields bench does arithmetic with
+_HISTOGRAMS = ("spec_correct_drafts_histogram", "spec_accept_histogram")  # lists of counts it sums
 
 
 def checked_reply(data, where: str, ids_required: bool = False) -> tuple[list, dict | None]:
@@ -72,6 +73,11 @@ def checked_reply(data, where: str, ids_required: bool = False) -> tuple[list, d
         value = (meta or {}).get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise RequestError(f"{where} answered meta_info {key}={value!r}, not an integer")
+    for key in _HISTOGRAMS:
+        value = (meta or {}).get(key)
+        if value is not None and not (isinstance(value, list) and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)):
+            raise RequestError(f"{where} answered meta_info {key}={str(value)[:200]}, not a list of counts")
     return ids, meta
 
 

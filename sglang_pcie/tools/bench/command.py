@@ -56,6 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         " (default batch.output_tok_s)")
     p.add_argument("--budget-minutes", type=float, metavar="M",
                    help="with --repeats auto: start no repeat that would end past M minutes (default 60)")
+    add_server_arguments(p)
+    p.add_argument("--dry-run", action="store_true", help="print the schedule and commands; start nothing")
+    p.add_argument("--report", metavar="DIR",
+                   help="print the table of an earlier run's DIR/results.json (and draw its chart); start nothing")
+
+
+def add_server_arguments(p: argparse.ArgumentParser, out_prefix: str = "bench") -> None:
+    """The workload and the servers' options, shared with tune-spec (which runs its servers through bench)."""
     p.add_argument("--concurrency", type=int, default=32, help="batch phase concurrency (default 32)")
     p.add_argument("--batch-requests", type=int, default=None,
                    help="requests in the batch phase (default 4 x concurrency)")
@@ -66,8 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-range", default="10:30000", metavar="LO:HI",
                    help="prompt token ids are drawn from [LO, HI) (default 10:30000; HI at most the vocabulary)")
     p.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="a variable for every variant's server (repeatable), e.g. NCCL_DEBUG=INFO")
-    p.add_argument("--out", metavar="DIR", help="results folder (default ./bench-YYYYmmdd-HHMMSS)")
+                   help="a variable for every server (repeatable), e.g. NCCL_DEBUG=INFO")
+    p.add_argument("--out", metavar="DIR", help=f"results folder (default ./{out_prefix}-YYYYmmdd-HHMMSS)")
     p.add_argument("--host", default="127.0.0.1", help="address the servers listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="first port to try (default 30000)")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds for /health (default 900)")
@@ -77,9 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-cmd", metavar="CMD",
                    help="the server command before the launch arguments (default: this python -m"
                         " sglang.launch_server); for tests or another interpreter")
-    p.add_argument("--dry-run", action="store_true", help="print the schedule and commands; start nothing")
-    p.add_argument("--report", metavar="DIR",
-                   help="print the table of an earlier run's DIR/results.json (and draw its chart); start nothing")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the unmeasured warm-up server (by default one server is started, warmed up and"
+                        " stopped before the first measured one: a cold first server, JIT builds, biases every"
+                        " ratio to it)")
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -92,13 +101,21 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not launch_args and not args.server_cmd:
         raise UsageError("no launch_server arguments after '--' (e.g. -- --model-path /models/target --tp-size 2)")
     repeats, resolve = _repeats(args)
-    _check_numbers(args)
     variants = resolve_variants(args.variant)
     for v in variants:
         if v.repeats is not None and resolve is not None:
             raise UsageError(f"--variant {v.spec!r}: repeats= needs a fixed --repeats, not auto")
         if v.repeats is not None and v.repeats > repeats:
             raise UsageError(f"--variant {v.spec!r}: repeats={v.repeats} is more than --repeats {repeats}")
+    return server_plan(args, Path(args.out or time.strftime("bench-%Y%m%d-%H%M%S")), launch_args=launch_args,
+                       variants=variants, repeats=repeats, resolve=resolve)
+
+
+def server_plan(args: argparse.Namespace, out: Path, launch_args: list, variants: list | None = None,
+                repeats: int = 1, resolve: Resolve | None = None) -> Plan:
+    """The plan of ``add_server_arguments``' options (each value checked; UsageError names a bad one): the
+    workload, the server command, the environment, ports and timeouts. tune-spec builds its plan here too."""
+    _check_numbers(args)
     if args.batch_requests is not None and args.batch_requests < 1:
         raise UsageError(f"--batch-requests {args.batch_requests}: must be a positive integer")
     m = re.match(r"^(\d+):(\d+)$", args.token_range)
@@ -110,11 +127,11 @@ def make_plan(args: argparse.Namespace) -> Plan:
                         batch_requests=args.batch_requests or 4 * args.concurrency,
                         stream_requests=args.stream_requests, input_len=args.input_len, output_len=args.output_len,
                         warmup_requests=args.concurrency, token_low=int(m.group(1)), token_high=int(m.group(2)))
-    out = Path(args.out or time.strftime("bench-%Y%m%d-%H%M%S")).resolve()
-    plan = Plan(variants=variants, workload=workload, launch_args=launch_args,
+    plan = Plan(variants=variants or [], workload=workload, launch_args=launch_args,
                 server_cmd=server_cmd, extra_env=extra_env, host=args.host, port=args.port, repeats=repeats,
-                out=out, start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
-                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv, resolve=resolve)
+                out=out.resolve(), start_timeout=args.start_timeout, stop_timeout=args.stop_timeout,
+                request_timeout=args.request_timeout, dry_run=args.dry_run, argv=args.argv, resolve=resolve,
+                warmup=not args.no_warmup)
     return plan
 
 
@@ -207,16 +224,18 @@ if found is None:
 """
 
 
-def check_sglang_imports(plan: Plan) -> None:
+def check_sglang_imports(plan: Plan, variant=None) -> None:
     """Before any server starts: where the server command is ``<python> -m sglang.launch_server`` (the default),
     SGLang must import with that python, in the first server's environment. Otherwise every server would fail the
     same way and the table would be empty. UsageError names the python and the import error. Any other server
-    command (a wrapper, the tests' fake) is not checked."""
+    command (a wrapper, the tests' fake) is not checked. ``variant``: the environment of that variant's run
+    instead of the first scheduled one (tune-spec schedules its own)."""
     python, *rest = plan.server_cmd
     if rest != ["-m", "sglang.launch_server"]:
         return
     try:
-        probe = subprocess.run([python, "-c", _IMPORT_PROBE], env=plan.environment(plan.schedule()[0]),
+        run = plan.make_run(1, 1, variant) if variant is not None else plan.schedule()[0]
+        probe = subprocess.run([python, "-c", _IMPORT_PROBE], env=plan.environment(run),
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                                timeout=IMPORT_CHECK_TIMEOUT_S)
     except OSError as exc:
@@ -231,7 +250,17 @@ def check_sglang_imports(plan: Plan) -> None:
                      " python, or name another with --server-cmd")
 
 
-def _interrupt(signum, frame):
+def sglang_root_of(args: argparse.Namespace):
+    """The SGLang source tree the servers will run: this python's where the server command is the default one,
+    else None (another interpreter's tree is not read)."""
+    if args.server_cmd:
+        return None
+    from sglang_pcie.patching.source import installed_sglang_root
+
+    return installed_sglang_root()
+
+
+def interrupt(signum, frame):
     # A SIGTERM to bench (the kill of a background run) unwinds like Ctrl-C: the server tree is stopped.
     raise KeyboardInterrupt
 
@@ -265,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         return _print(format_schedule(plan), 0)
     check_sglang_imports(plan)
     previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         results = run_plan(plan)
     except KeyboardInterrupt:
@@ -278,13 +307,17 @@ def run(args: argparse.Namespace) -> int:
     return _print(format_table(results), exit_code(results))
 
 
-def _print(text: str, code: int) -> int:
+def print_text(text: str) -> None:
+    """Print, and where the reader left (``... | head``) end quietly: no traceback."""
     try:
         print(text, flush=True)
-    except BrokenPipeError:  # `... | head`: the reader left; no traceback
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return code
 
+
+def _print(text: str, code: int) -> int:
+    print_text(text)
+    return code
 
 COMMAND = Command("bench", "one real server per variant (baseline, overlay, profile, yours), side by side",
                   add_arguments, run, description=DESCRIPTION, epilog=EPILOG,

@@ -14,6 +14,7 @@ from sglang_pcie.tools.command import UsageError
 
 BASELINE = "baseline"
 PROFILE_FILE_NAME = "eagle3-profile.jsonl"
+WARMUP_FOLDER = "00-warmup"  # under out/runs: the unmeasured warm-up server's
 # Variables the built-in variants control: removed from the inherited environment so each variant gets exactly
 # what it says (an exported EAGLE3_PROFILE=1 would otherwise profile the baseline too).
 # SGLANG_PCIE_NCCL_DECIDED (nccl.DECIDED_VAR) too: inherited, it would make every server skip its own NCCL decision.
@@ -209,23 +210,41 @@ class Plan:
     dry_run: bool = False
     argv: list = field(default_factory=list)
     resolve: Resolve | None = None  # --repeats auto; ``repeats`` then counts the repeats scheduled so far
+    warmup: bool = True  # an unmeasured server of the first run's variant before the first measured one
 
     def schedule(self, repeats: int | None = None) -> list[dict]:
         """Every server of the first ``repeats`` (default: all) repeats, in order."""
-        runs = []
         by_name = {v.name: v for v in self.variants}
         counts = {v.name: v.repeats for v in self.variants if v.repeats is not None}
         order = counterbalanced(list(by_name), self.repeats if repeats is None else repeats, counts)
-        for index, (repeat, name) in enumerate(order):
-            variant = by_name[name]
-            folder = self.out / "runs" / f"{index + 1:02d}-{name}"
-            env = dict(self.extra_env)
-            env.update(variant.env)
-            if variant.profiling:
-                env["EAGLE3_PROFILE_FILE"] = str(folder / PROFILE_FILE_NAME)
-            runs.append({"index": index + 1, "repeat": repeat + 1, "variant": name, "folder": folder,
-                         "env": env, "args": list(self.launch_args) + list(variant.args)})
-        return runs
+        return [self.make_run(index + 1, repeat + 1, by_name[name]) for index, (repeat, name) in enumerate(order)]
+
+    def make_run(self, index: int, repeat: int, variant, folder: Path | None = None, label: str | None = None) -> dict:
+        """One server's run, as ``schedule`` makes them and ``runs.execute_run`` takes them: ``variant`` (a Variant,
+        or the name of one of this plan's) with its environment (the plan's ``extra_env``, then the variant's; a
+        profiling variant's profile file in ``folder``) and launch arguments (the plan's, then the variant's).
+        ``folder`` defaults to ``out/runs/NN-name``; ``label`` names the server in the progress lines (default
+        ``index/servers name (repeat r)``). Another tool (tune-spec) schedules its own runs with it."""
+        if isinstance(variant, str):
+            variant = next((v for v in self.variants if v.name == variant), None) or _unknown(variant, self)
+        folder = Path(folder) if folder is not None else self.out / "runs" / f"{index:02d}-{variant.name}"
+        env = dict(self.extra_env)
+        env.update(variant.env)
+        if variant.profiling:
+            env["EAGLE3_PROFILE_FILE"] = str(folder / PROFILE_FILE_NAME)
+        run = {"index": index, "repeat": repeat, "variant": variant.name, "folder": folder,
+               "env": env, "args": list(self.launch_args) + list(variant.args)}
+        if label is not None:
+            run["label"] = label
+        return run
+
+    def warmup_run(self, variant=None) -> dict:
+        """The unmeasured warm-up server's run: index and repeat 0, the first scheduled run's variant (or
+        ``variant``), in ``out/runs/00-warmup``."""
+        run = self.make_run(0, 0, self.schedule()[0]["variant"] if variant is None else variant,
+                            folder=self.out / "runs" / WARMUP_FOLDER)
+        run["label"] = f"warm-up {run['variant']}"
+        return run
 
     def command(self, run: dict, port: int) -> list[str]:
         return list(self.server_cmd) + run["args"] + ["--host", self.host, "--port", str(port)]
@@ -235,3 +254,7 @@ class Plan:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(run["env"])
         return env
+
+
+def _unknown(name: str, plan: Plan):
+    raise ValueError(f"no variant {name!r} in this plan ({', '.join(v.name for v in plan.variants)})")

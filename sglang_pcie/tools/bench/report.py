@@ -35,6 +35,8 @@ def format_table(results: dict) -> str:
              f"workload: batch {w['batch_requests']} requests at concurrency {w['concurrency']}, stream"
              f" {w['stream_requests']} at concurrency 1; {w['input_len']} prompt / {w['output_len']} output"
              f" tokens, greedy, seed {w['seed']}"]
+    if results.get("warmup"):
+        lines.append(_warmup_line(results["warmup"]))
     lines += _ratio_lines(results["ratios"])
     if (results.get("auto") or {}).get("stopped"):
         lines.append(auto_text(results["auto"]))
@@ -60,6 +62,19 @@ def format_table(results: dict) -> str:
         lines.append(f"chart: {results['chart']}")
     lines.append(f"results: {results['out']}/results.json")
     return "\n".join(lines)
+
+
+def _warmup_line(warmup: dict) -> str:
+    """The unmeasured warm-up server in one line: ready time, or why it failed (the run went on)."""
+    stop = warmup.get("stop") or {}
+    survivors = (f"; {len(stop['survivors'])} process(es) SURVIVED the stop: {stop['survivors']}"
+                 if stop.get("survivors") else "")
+    if warmup.get("ok"):
+        return (f"warm-up ({warmup['variant']}, not measured): ready in {fmt(warmup.get('ready_s'))} s,"
+                f" {fmt(warmup.get('wall_s'))} s in all{survivors}")
+    failure = warmup.get("failure") or {}
+    return (f"warm-up ({warmup['variant']}, not measured) FAILED at {failure.get('stage')}: {failure.get('message')}"
+            f" (log {warmup.get('log')}); the measured servers ran without it{survivors}")
 
 
 def _ratio_cell(row):
@@ -229,6 +244,8 @@ def format_schedule(plan: Plan) -> str:
              f" {w.output_len} at concurrency 1; prompts {w.input_len} token ids in [{w.token_low}, {w.token_high}),"
              f" seed {w.seed}; greedy, ignore_eos",
              f"inherited variables removed: {', '.join(CONTROLLED_VARS)}"]
+    if not plan.warmup:
+        lines.insert(1, "warm-up server: none (--no-warmup)")
     if plan.resolve is not None:
         lines.insert(1, f"--repeats auto: then one more repeat at a time until every variant's"
                         f" {plan.resolve.metric} could resolve {percent(plan.resolve.target)}; no repeat started that"
@@ -236,6 +253,12 @@ def format_schedule(plan: Plan) -> str:
     for v in plan.variants:
         lines.append(f"variant {v.name}: tokens {v.tokens}; env {_env_text(v.env) or '-'}; extra args"
                      f" {shlex.join(v.args) or '-'}")
+    if plan.warmup:
+        run = plan.warmup_run()
+        lines.append(f"  0. warm-up: {run['variant']}, not measured (warm-up requests, one batch, one streamed"
+                     f" request; stopped) -> {run['folder']}")
+        lines.append(f"     env: {_env_text(run['env']) or '-'}")
+        lines.append(f"     cmd: {shlex.join(plan.command(run, plan.port))}")
     for run in runs:
         lines.append(f"{run['index']:3d}. {run['variant']} (repeat {run['repeat']}) -> {run['folder']}")
         lines.append(f"     env: {_env_text(run['env']) or '-'}")

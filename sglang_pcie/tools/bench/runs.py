@@ -51,6 +51,47 @@ def accept_length(results, decode_only: bool = False) -> float | None:
     return tokens / verify if verify else None
 
 
+# SGLang's meta info: per request, how many of its verify steps accepted n drafts, at index n. 0.5.9 names it
+# spec_accept_histogram, 0.5.16 both, 0.5.23 spec_correct_drafts_histogram only (docs/bench.md).
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def request_histogram(meta: dict) -> list | None:
+    """One request's acceptance histogram from its meta info, under either name; None without one."""
+    for key in HISTOGRAM_KEYS:
+        if meta.get(key) is not None:
+            return meta[key]
+    return None
+
+
+def accept_histogram(results) -> list | None:
+    """Index n: the verify steps that accepted n drafts, summed over the requests; None when no request carries
+    SGLang's histogram (a release without it, no speculation)."""
+    histograms = [h for r in results if (h := request_histogram(r["meta_info"])) is not None]
+    if not histograms:
+        return None
+    total = [0] * max(len(h) for h in histograms)
+    for h in histograms:
+        for n, count in enumerate(h):
+            total[n] += count
+    return total
+
+
+def accept_at_least(histogram: list | None) -> list | None:
+    """For j = 1 .. len - 1 (list index j - 1): the share of verify steps that accepted at least j drafts."""
+    steps = sum(histogram or [])
+    if not steps:
+        return None
+    return [sum(histogram[j:]) / steps for j in range(1, len(histogram))]
+
+
+def acceptance(results) -> dict:
+    """The acceptance figures of a phase: accept length, histogram, at-least shares."""
+    histogram = accept_histogram(results)
+    return {"accept_length": accept_length(results), "accept_hist": histogram,
+            "accept_at_least": accept_at_least(histogram)}
+
+
 def run_batch(host, port, prompts, max_new_tokens, concurrency, timeout) -> tuple[dict, list]:
     """All prompts with at most ``concurrency`` in flight (submitted in order); wall-clock output throughput."""
     start = time.perf_counter()
@@ -67,7 +108,7 @@ def run_batch(host, port, prompts, max_new_tokens, concurrency, timeout) -> tupl
     metrics = {"requests": len(results), "output_tokens": tokens, "wall_s": wall,
                "output_tok_s": tokens / wall if wall > 0 else None,
                "latency_ms_p50": percentile(latencies, 0.5), "latency_ms_mean": statistics.fmean(latencies),
-               "accept_length": accept_length(results),
+               **acceptance(results),
                "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
     return metrics, results
 
@@ -95,7 +136,7 @@ def run_stream(host, port, prompts, max_new_tokens, timeout) -> tuple[dict, list
                "itl_ms_p50": percentile(itl, 0.5), "itl_ms_p90": percentile(itl, 0.9),
                "tokens_per_chunk": (tokens / sum(len(r["arrivals"]) for r in results)
                                     if any(r["arrivals"] for r in results) else None),
-               "accept_length": accept_length(results),
+               **acceptance(results),
                "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
     for r in results:
         del r["arrivals"]
@@ -224,8 +265,13 @@ def wait_ready(plan: Plan, proc, port: int, log: Path) -> tuple[float, dict]:
     return ready_s, info
 
 
-def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dict:
-    """Start the variant's server, drive the workload, stop the tree. Never raises for a server's failure."""
+def execute_run(plan: Plan, run: dict, prompts: dict, progress, drive=None) -> dict:
+    """Start the variant's server, drive the workload, stop the tree. Never raises for a server's failure (Ctrl-C
+    and SIGTERM, as KeyboardInterrupt, stop the server and propagate).
+
+    ``run``: a dict as ``Plan.make_run`` (or ``Plan.schedule``) makes it, any index and folder. ``progress``: a
+    callable taking one line (``Progress``). ``drive(plan, port, prompts, log, progress, label)`` replaces the
+    measured workload (``drive_workload``) and returns (metrics, outputs or None); ``warm_up`` passes its own."""
     folder: Path = run["folder"]
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "server.log"
@@ -233,7 +279,7 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
     cmd = plan.command(run, port)
     record = {"index": run["index"], "repeat": run["repeat"], "variant": run["variant"], "port": port,
               "command": cmd, "env": run["env"], "log": str(log), "ok": False}
-    label = f"{run['index']}/{len(plan.schedule())} {run['variant']} (repeat {run['repeat']})"
+    label = run.get("label") or f"{run['index']}/{len(plan.schedule())} {run['variant']} (repeat {run['repeat']})"
     progress(f"{label}: starting on port {port}: {shlex.join(cmd)}")
     server_env = plan.environment(run)
     try:
@@ -252,7 +298,7 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
         return record
     known: dict = {}  # the server's processes once it answered, so that a member that leaves is still stopped
     try:
-        outputs = _serve(plan, run, proc, port, prompts, progress, label, record, known)
+        outputs = _serve(plan, run, proc, port, prompts, progress, label, record, known, drive or drive_workload)
     finally:
         _stop(plan, proc, known, handle, record, progress, label)
     _read_logs(record, run, server_env)
@@ -261,7 +307,7 @@ def execute_run(plan: Plan, run: dict, prompts: dict, progress: Progress) -> dic
     return record
 
 
-def _serve(plan, run, proc, port, prompts, progress, label, record, known) -> dict | None:
+def _serve(plan, run, proc, port, prompts, progress, label, record, known, drive) -> dict | None:
     """Wait for the server, drive the workload; a failure is recorded in ``record``, not raised (Ctrl-C is).
     The outputs, or None."""
     folder, log = run["folder"], Path(record["log"])
@@ -271,7 +317,10 @@ def _serve(plan, run, proc, port, prompts, progress, label, record, known) -> di
         known.update(tree_members(proc.pid))
         progress(f"{label}: ready in {record['ready_s']:.1f} s ({len(known)} processes); warm-up")
         stage = "workload"
-        record["metrics"], outputs = drive_workload(plan, port, prompts, log, progress, label)
+        record["metrics"], outputs = drive(plan, port, prompts, log, progress, label)
+        if outputs is None:  # a warm-up: nothing to compare
+            record["ok"] = True
+            return None
         (folder / "outputs.json").write_text(json.dumps(outputs))
         record["outputs_file"] = str(folder / "outputs.json")
         stage = "outputs"
@@ -311,6 +360,50 @@ def _read_logs(record: dict, run: dict, server_env: dict) -> None:
         record["profile"] = read_profile(profile_path) or read_profile(log)
 
 
+# ------------------------------------------------------------------------------------------------------ warm-up
+
+def warmup_workload(plan: Plan, port: int, prompts: dict, log: Path, progress, label: str) -> tuple[dict, None]:
+    """What a warm-up server is sent: the workload's warm-up requests, then one batch of the measured batch phase
+    (its first ``concurrency`` prompts, full output length) and one streamed request, so that the kernels of the
+    measured shapes are built (JIT) before any measured server. Nothing of it is measured: (figures, None)."""
+    w = plan.workload
+    start = time.perf_counter()
+    run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency, plan.request_timeout)
+    batch, _ = run_batch(plan.host, port, prompts["batch"][:w.concurrency], w.output_len, w.concurrency,
+                         plan.request_timeout)
+    if prompts["stream"]:
+        run_stream(plan.host, port, prompts["stream"][:1], w.output_len, plan.request_timeout)
+    progress(f"{label}: warm-up requests, one batch of {batch['requests']} x {w.output_len} tokens"
+             f"{' and one streamed request' if prompts['stream'] else ''} in {time.perf_counter() - start:.1f} s"
+             f" (not measured)")
+    return {"batch_output_tok_s": batch["output_tok_s"], "wall_s": time.perf_counter() - start}, None
+
+
+def warm_up(plan: Plan, prompts: dict, progress, variant=None) -> dict:
+    """One unmeasured server before the measured ones: the first scheduled run's variant (or ``variant``, a
+    Variant or the name of one of the plan's), same command and environment, in ``out/runs/00-warmup``; it waits
+    for /health, is sent ``warmup_workload`` and stopped. The first server on a fresh machine is cold (JIT builds:
+    ready in 141 s against 49-68 s, about 5% slower on an H200), which would bias every ratio to it.
+
+    Returns what results.json keeps under ``warmup``: variant, folder, log, ready_s, ok, failure (None, or stage
+    message and the log's tail), wall_s (start to stopped), figures (the warm-up batch's
+    output tok/s: not a measurement), stop. Never raises for the server's failure (Ctrl-C does)."""
+    run = plan.warmup_run(variant)
+    name = run["variant"]
+    start = time.monotonic()
+    record = execute_run(plan, run, prompts, progress, drive=warmup_workload)
+    failure = record.get("failure")
+    summary = {"variant": name, "folder": str(run["folder"]), "log": record.get("log"),
+               "ready_s": record.get("ready_s"), "ok": record["ok"],
+               "failure": failure,
+               "wall_s": round(time.monotonic() - start, 3), "figures": record.get("metrics"),
+               "stop": record.get("stop")}
+    if failure:
+        progress(f"warm-up {name} FAILED at {failure['stage']}: {failure['message']}; log {record.get('log')};"
+                 " the measured servers go on")
+    return summary
+
+
 # -------------------------------------------------------------------------------------------------------- plan
 
 clock = time.monotonic  # the budget's clock (tests replace it)
@@ -328,6 +421,8 @@ class Session:
         self.prompts = plan.workload.prompts()
         self.records: list[dict] = []
         self.auto: dict | None = None
+        self.warmup: dict | None = None  # warm_up's summary, once it ran
+        self.warmup_s = 0.0  # its time on the budget's clock
 
     def execute(self, runs: list[dict]) -> None:
         for run in runs:
@@ -343,15 +438,32 @@ class Session:
                 raise
             save(self.results(complete=False), self.plan.out)
 
+    def warm_up(self) -> None:
+        """The unmeasured warm-up server (``warm_up``), kept in results.json under ``warmup``. Its time counts in
+        the session's elapsed time (``--repeats auto``'s budget), not in the mean repeat."""
+        start = clock()
+        try:
+            self.warmup = warm_up(self.plan, self.prompts, self.progress)
+            self.warmup_s = clock() - start
+        except KeyboardInterrupt:
+            self.warmup = {"variant": self.plan.schedule()[0]["variant"], "ok": False, "ready_s": None,
+                           "failure": {"stage": "interrupted", "message": "bench was interrupted (Ctrl-C or SIGTERM)"}}
+            save(self.results(complete=False), self.plan.out)
+            raise
+        save(self.results(complete=False), self.plan.out)
+
     def results(self, complete: bool) -> dict:
-        return assemble(self.plan, self.records, self.started, complete, auto=self.auto)
+        return assemble(self.plan, self.records, self.started, complete, auto=self.auto, warmup=self.warmup)
 
 
 def run_plan(plan: Plan) -> dict:
     session = Session(plan)
     (plan.out / "schedule.txt").write_text(format_schedule(plan) + "\n")
     runs = plan.schedule()
-    session.progress(f"{len(runs)} servers, order {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
+    session.progress(f"{len(runs)} servers{' after a warm-up server' if plan.warmup else ''}, order"
+                     f" {' '.join(r['variant'] for r in runs)}; results in {plan.out}")
+    if plan.warmup:
+        session.warm_up()
     session.execute(runs)
     if plan.resolve is not None:
         more_repeats(session)
@@ -369,7 +481,8 @@ def more_repeats(session: Session) -> None:
     while True:
         failed = any(not r.get("ok") or (r.get("stop") or {}).get("survivors") for r in session.records)
         ratios = compute_ratios(session.records, plan.variants)
-        stop = auto_stop(ratios, plan.resolve, plan.repeats, clock() - session.began, failed)
+        stop = auto_stop(ratios, plan.resolve, plan.repeats, clock() - session.began, failed,
+                         fixed_s=session.warmup_s)
         if stop is not None:
             session.auto = dict(stop, repeats=plan.repeats, elapsed_s=round(clock() - session.began, 1))
             session.progress(auto_text(session.auto))

@@ -92,10 +92,12 @@ def ratio_summary(ratios: list[float], higher_is_better: bool, spread=None) -> d
     return dict(row, verdict=verdict)
 
 
-def auto_stop(ratios: dict, resolve: Resolve, repeats: int, elapsed_s: float, failed: bool) -> dict | None:
+def auto_stop(ratios: dict, resolve: Resolve, repeats: int, elapsed_s: float, failed: bool,
+              fixed_s: float = 0.0) -> dict | None:
     """Why ``--repeats auto`` stops after ``repeats`` repeats, or None to run another: a server failed; every
     variant's metric could now resolve the target; the baseline servers' own spread is already wider than the target
-    (more repeats narrow the interval, not that band); the repeat cap; or another repeat would pass the budget."""
+    (more repeats narrow the interval, not that band); the repeat cap; or another repeat would pass the budget.
+    ``elapsed_s`` counts everything so far; ``fixed_s`` of it (the warm-up server) was spent once, not per repeat."""
     widths = resolvable_widths(ratios, resolve.metric)
     floor = (ratios.get(BASELINE, {}).get(resolve.metric) or {}).get("noise_margin")
     if failed:
@@ -106,7 +108,7 @@ def auto_stop(ratios: dict, resolve: Resolve, repeats: int, elapsed_s: float, fa
         reason = "noise floor"
     elif repeats >= AUTO_MAX_REPEATS:
         reason = "max repeats"
-    elif elapsed_s * (repeats + 1) / repeats > resolve.budget_s:  # the mean repeat so far, once more
+    elif elapsed_s + max(0.0, elapsed_s - fixed_s) / repeats > resolve.budget_s:  # the mean repeat, once more
         reason = "budget"
     else:
         return None

@@ -61,6 +61,26 @@ def test_the_invariants_checker_names_a_record_that_breaks_one(tmp_path):
     assert subprocess.run([sys.executable, script, str(path)], capture_output=True, timeout=120).returncode == 0
 
 
+def test_the_invariants_checker_reads_schema_3_and_checks_schema_4s_histogram(tmp_path):
+    good = interval_stats([(1.0, 8.0, 0.5, 10.0, 10.5)] * 24, decode_cycles=200).record(**META, spec_draft_tokens=2)
+    assert good["accept_hist"] == [0, 0, 400]
+    old = {key: value for key, value in good.items() if key not in {
+        "spec_steps", "spec_topk", "spec_draft_tokens", "accept_hist", "accept_at_least", "draft_step_ms"}}
+    old["schema"] = "sglang-pcie.eagle3-profile/3"
+    off = {**good, "accept_hist": [0, 1, 399]}  # one request-verify moved: one token short of the record's
+    short = {**good, "accept_hist": [0, 0, 400, 0]}  # an entry more than spec_draft_tokens + 1
+    path = tmp_path / "profile.jsonl"
+    path.write_text("".join(ep.to_json(r) + "\n" for r in (good, old, off, short)))
+    script = str(REPO / "benchmarks" / "eagle3_profile_invariants.py")
+    proc = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].endswith("ok") and lines[2].endswith("ok")
+    assert "accept_hist: 400 request-verifies, 799 tokens against 400, 800" in lines[3]
+    assert "accept_hist: 4 entries for 2 draft tokens" in lines[4]
+    assert lines[-1] == "2 of 4 records hold every invariant"
+
+
 BREAKDOWN = r'''
 import json, os, runpy, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "benchmarks"))

@@ -47,7 +47,8 @@ def test_interval_statistics_means_shares_busy_and_projection():
     assert record["break_even_accept_length"] == pytest.approx(30.0 / 12.0)
     assert record["projected_speedup"] == pytest.approx(2.0 * 12.0 / 30.0)
     assert record["prefill_ms"] == {"mean": 50.0, "p50": None, "p90": None, "timed": 1}
-    assert set(record) == RECORD_KEYS and record["schema"] == "sglang-pcie.eagle3-profile/3"
+    assert set(record) == RECORD_KEYS and record["schema"] == "sglang-pcie.eagle3-profile/4"
+    assert record["accept_hist"] == [0, 0, 60] and record["accept_at_least"] == [1.0]  # 1 draft + the bonus, each
     assert json.loads(ep.to_json(record)) == record
 
 

@@ -21,8 +21,10 @@ FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
 # a shared machine (another checkout's bench tests, from the same first port) took one in between ("Address already
 # in use", a failed start).
 FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
+# --no-warmup: the tests count and order the measured servers; test_warmup.py runs bench with its warm-up server
+# (the default) and checks it.
 SMALL = ["--concurrency", "4", "--batch-requests", "8", "--stream-requests", "2", "--input-len", "8",
-         "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT]
+         "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT, "--no-warmup"]
 
 
 @pytest.fixture
@@ -37,11 +39,13 @@ def small_options() -> list:
 
 @pytest.fixture
 def run_bench(capsys, tmp_path):
-    """``run_bench(*options, launch=...)``: bench against the fake server with the small workload, results in
-    tmp_path/out; (exit code, stdout, stderr, results.json or None)."""
-    def run(*argv, launch=("--model-path", "/models/none")):
+    """``run_bench(*options, launch=..., warmup=False)``: bench against the fake server with the small workload,
+    results in tmp_path/out; (exit code, stdout, stderr, results.json or None). ``warmup=True``: with bench's
+    warm-up server (its default)."""
+    def run(*argv, launch=("--model-path", "/models/none"), warmup=False):
         out = tmp_path / "out"
-        code = cli_main(["bench", *SMALL, "--server-cmd", FAKE, "--out", str(out), *argv, "--", *launch])
+        small = [o for o in SMALL if o != "--no-warmup"] if warmup else SMALL
+        code = cli_main(["bench", *small, "--server-cmd", FAKE, "--out", str(out), *argv, "--", *launch])
         stdout, stderr = capsys.readouterr()
         results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None
         return code, stdout, stderr, results

@@ -40,6 +40,8 @@ def canned_server():
     ({"output_ids": [1, "x"]}, "output_ids that are not a list"),
     ({"output_ids": [1], "meta_info": [1]}, "meta_info that is not an object"),
     ({"output_ids": [1], "meta_info": {"spec_verify_ct": "3"}}, "spec_verify_ct='3'"),
+    ({"output_ids": [1], "meta_info": {"spec_accept_histogram": [1, -2]}}, "spec_accept_histogram=[1, -2], not a"),
+    ({"output_ids": [1], "meta_info": {"spec_correct_drafts_histogram": 3}}, "spec_correct_drafts_histogram=3"),
     ([1, 2], "answered without output_ids"),
 ])
 def test_a_malformed_reply_is_a_request_error(canned_server, body, named):

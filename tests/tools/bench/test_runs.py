@@ -256,8 +256,8 @@ def alternating(run):
 
 
 def auto_bench(capsys, tmp_path, *options):
-    code = cli_main(["bench", "--repeats", "auto", *options, "--out", str(tmp_path / "out"), "--server-cmd",
-                     "constructed", "--", "--model-path", "m"])
+    code = cli_main(["bench", "--repeats", "auto", "--no-warmup", *options, "--out", str(tmp_path / "out"),
+                     "--server-cmd", "constructed", "--", "--model-path", "m"])
     out = capsys.readouterr().out
     return code, out, json.loads((tmp_path / "out" / "results.json").read_text())
 
