@@ -297,3 +297,15 @@ def test_repeats_auto_says_why_it_stopped(monkeypatch, capsys, tmp_path, options
     code, out, results = auto_bench(capsys, tmp_path, *options)
     assert results["auto"]["stopped"] == stopped and results["repeats"] == repeats == results["auto"]["repeats"]
     assert says in out and code == (1 if stopped == "failure" else 0)
+
+
+def test_process_counts_say_what_they_count_when_they_say_it(run_bench):
+    """Ready: the processes then (the server and its start-up child). Stopped: the processes the stop ended (the
+    server and the child started since; the start-up child had already ended, and is not counted as stopped)."""
+    code, _, err, results = run_bench("--repeats", "1", "--no-warmup", "--variant", "swap:env=FAKE_CHILD_SWAP=1")
+    assert code == 0, err
+    run = next(r for r in results["runs"] if r["variant"] == "swap")
+    label = f"{run['index']}/{len(results['runs'])} swap (repeat 1)"
+    assert f"{label}: ready in " in err and f"{label}: ready in {run['ready_s']:.1f} s (2 processes)" in err
+    assert run["stop"]["processes"] == 2 and run["stop"]["started_after_ready"] == 1
+    assert re.search(rf"{re.escape(label)}: stopped 2 processes \(1 started after ready\) in [\d.]+ s\n", err), err
