@@ -73,5 +73,7 @@ def table_row(name: str, label: str, row: dict) -> re.Pattern:
     ratio = "-" if row.get("median") is None else f"{row['median']:.3f}"
     interval = row.get("interval")
     cell = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "-"
+    if row["verdict"].startswith("cannot resolve"):
+        cell = "too wide"
     return re.compile(rf"{head}{re.escape(ratio)} {re.escape(cell)} +{row['n']} +"
                       rf"{re.escape(percent(row.get('resolvable')))}  {re.escape(row['verdict'])}$", re.M)
