@@ -422,3 +422,21 @@ def test_equal_long_settings_on_two_real_nodes_start_under_strict(torch_python, 
     for result in results:
         assert result["rc"] == 0 and P not in result["err"], result["err"][-2000:]
         assert result["json"]["verdict"]["lines"] == [] and result["json"]["verdict"]["nodes"] == 2
+
+
+def test_strict_mode_stops_where_a_rank_sent_nothing_and_says_whose_settings_are_unknown(monkeypatch, tmp_path):
+    monkeypatch.setattr(agreement.sys, "argv", ["sglang"])
+    monkeypatch.setattr(agreement, "versions", lambda: {})
+    env = {"NCCL_CONF_FILE": str(tmp_path / "absent.conf"), "SGLANG_PCIE_NNODES": "2"}
+    logged = []
+    monkeypatch.setattr(agreement.logger, "error", lambda line, *a: logged.append(line))
+    with pytest.raises(agreement.StrictModeError) as raised:
+        agreement.agree(DictStore(), 0, 2, env, strict=True, wait_s=0)
+    assert str(raised.value) == ("sglang-pcie: SGLANG_PCIE_STRICT=1 and the nodes of this server disagree: the "
+                                 "settings of rank 1 unknown (the node-agreement lines name each node's value)")
+    assert logged[0].startswith(f"{P}: rank 1 sent no settings within 0 s") and logged[-1].endswith(
+        "the start stops (SGLANG_PCIE_STRICT=1)")
+    assert "the settings of rank 1 could not be compared" in logged[-1]
+    logged.clear()
+    result = agreement.agree(DictStore(), 0, 2, env, strict=False, wait_s=0)  # without strict: said, and on
+    assert result.unknown == [1] and result.differing == [] and len(logged) == 2
