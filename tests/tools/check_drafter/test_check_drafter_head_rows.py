@@ -183,3 +183,15 @@ def test_a_verdict_that_found_nothing_names_every_reference_compared_the_same_wa
         assert names == ["embed_tokens", "embed_tokens", "lm_head", "lm_head"], words
     assert closest_lm_head.startswith("1 of 64 line up with the target's embed_tokens rows")
     assert closest_embed.startswith("9 of 64 line up with the target's embed_tokens rows")
+
+
+def test_a_row_lines_up_only_where_its_own_target_row_also_scores_highest():
+    """The line-up rule has two halves: the own row LINE_UP_Z SDs above the shuffled pairs, and highest of the row.
+    Row 0 clears the first (0.6, far above the shuffled pairs) but scores row 1's target higher (0.8): not lined up."""
+    n = 10
+    theirs = [[1.0 if k == i else 0.0 for k in range(n)] for i in range(n)]
+    mine = [list(row) for row in theirs]
+    mine[0] = [0.6, 0.8] + [0.0] * (n - 2)
+    found = head_rows.row_test(mine, theirs)
+    assert found["threshold"] < 0.6
+    assert (found["lined_up"], found["not_lined_up"]) == (n - 1, [0])
