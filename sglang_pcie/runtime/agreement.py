@@ -216,10 +216,15 @@ class Record:
         return cls(data["rank"], data["host"], data["node"], {k: tuple(v) for k, v in data["values"].items()},
                    data["cut"])
 
+    @functools.cached_property
+    def last(self) -> str | None:
+        """The last name (in name order) this record holds; None where it holds none."""
+        return max(self.values) if self.values else None
+
     def holds(self, name: str) -> bool:
         """Whether this record speaks for ``name``: every name, unless values were cut (then those up to the
         last one it holds)."""
-        return not self.cut or (bool(self.values) and name <= max(self.values))
+        return not self.cut or (self.last is not None and name <= self.last)
 
 
 def node_rank(rank: int, world_size: int, environ: Mapping[str, str], argv: list[str] | None = None) -> int | None:
@@ -282,8 +287,12 @@ def shown(value: tuple | None) -> str:
 def compared(records: list[Record]) -> list[str]:
     """The names every record speaks for (all of them, unless a record was cut: then those up to the first name
     past which some record holds nothing)."""
-    return sorted({name for record in records for name in record.values
-                   if all(other.holds(name) for other in records)})
+    names = {name for record in records for name in record.values}
+    cut = [record for record in records if record.cut]
+    if any(record.last is None for record in cut):
+        return []
+    horizon = min((record.last for record in cut), default=None)
+    return sorted(name for name in names if horizon is None or name <= horizon)
 
 
 def differences(records: list[Record]) -> dict[str, str]:
@@ -326,7 +335,7 @@ def cut_line(records: list[Record]) -> str | None:
         return None
     counts = sorted({len(r.values) + r.cut for r in cut})
     held = sorted({len(r.values) for r in cut})
-    last = min((max(r.values) for r in cut if r.values), default=None)
+    last = min((r.last for r in cut if r.last is not None), default=None)
     total = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     first = f"{held[0]}" if len(held) == 1 else f"{held[0]}-{held[-1]}"
     after = f"settings after {last} were not compared" if last is not None else "none of their settings was compared"
