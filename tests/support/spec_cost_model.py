@@ -19,15 +19,25 @@ LAUNCH = ["--model-path", "/m/target", "--speculative-algorithm", "EAGLE3", "--s
           "/m/draft", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
           "--speculative-num-draft-tokens", "4", "--tp-size", "1"]
 
-OUTPUT_TOKENS, REQUESTS = 128 * 256, 128
-STREAM_TOKENS, STREAM_REQUESTS = 8 * 256, 8
+OUTPUT_LEN = 256
+BATCH_REQUESTS, STREAM_REQUESTS = 128, 8
+
+
+def histogram(shares: list, k: int, verifies: float) -> list:
+    """A request's histogram at k steps (index n: verifies that accepted n drafts) from its at-least shares, as
+    float counts so that the model reads the shares back exactly."""
+    a = [1.0] + list(shares[:k]) + [0.0]
+    return [(a[n] - a[n + 1]) * verifies for n in range(k)] + [a[k] * verifies]
 
 
 class CostModelServer:
+    """``accept``: a_j for every request; ``classes``: [(share of requests, a_j list)] instead (requests that
+    differ, as the GPU pair's `mixed` drafter: about half accept every draft)."""
+
     def __init__(self, accept=(0.8, 0.6, 0.45, 0.33, 0.24, 0.17, 0.12), batch_tau=(0.30e-3, 0.05e-3),
                  latency_tau=(8e-3, 0.4e-3), none_batch_tau=0.28e-3, none_latency_tpot=9e-3, noise=0.0, seed=0,
-                 fail=(), overrides=None):
-        self.accept = list(accept)  # a_j: share of verifies with at least j drafts accepted
+                 fail=(), overrides=None, classes=None):
+        self.classes = classes or [(1.0, list(accept))]
         self.batch_tau, self.latency_tau = batch_tau, latency_tau  # (alpha, beta) seconds per request-verify
         self.none_batch_tau, self.none_latency_tpot = none_batch_tau, none_latency_tpot
         self.noise, self.seed = noise, seed
@@ -35,22 +45,48 @@ class CostModelServer:
         self.overrides = overrides or {}  # candidate -> {"batch": value, "latency": value}: true figures forced
         self.started = []
 
-    def tokens(self, k):
-        return 1 + sum(self.accept[:k])
+    def requests(self, count):
+        """Each request's a_j: the classes in order, by their shares."""
+        out = []
+        for share, shares in self.classes:
+            out.extend([shares] * round(share * count))
+        return (out + [self.classes[-1][1]] * count)[:count]
+
+    @staticmethod
+    def t(shares, k):
+        return 1 + sum(shares[:k])
 
     def truth(self, name, steps, workload):
         """The true figure of a candidate for a workload."""
         if name in self.overrides:
             return self.overrides[name][workload]
-        share = OUTPUT_TOKENS / (OUTPUT_TOKENS - REQUESTS)
+        decode = OUTPUT_LEN - 1
+        if workload == "batch":
+            tokens = BATCH_REQUESTS * OUTPUT_LEN
+            if steps is None:
+                return tokens / (self.none_batch_tau * BATCH_REQUESTS * decode)
+            alpha, beta = self.batch_tau
+            count = sum(decode / self.t(a, steps) for a in self.requests(BATCH_REQUESTS))
+            return tokens / ((alpha + beta * steps) * count)
         if steps is None:
-            return share / self.none_batch_tau if workload == "batch" else 1 / self.none_latency_tpot
-        alpha, beta = self.batch_tau if workload == "batch" else self.latency_tau
-        rate = self.tokens(steps) / (alpha + beta * steps)
-        return rate * share if workload == "batch" else rate
+            return 1 / self.none_latency_tpot
+        alpha, beta = self.latency_tau
+        inverse = sum(1 / self.t(a, steps) for a in self.requests(STREAM_REQUESTS)) / STREAM_REQUESTS
+        return 1 / ((alpha + beta * steps) * inverse)
 
     def best(self, names_steps, workload):
         return max(names_steps, key=lambda ns: self.truth(ns[0], ns[1], workload))[0]
+
+    def phase(self, count, k, value, workload):
+        decode = OUTPUT_LEN - 1
+        per_request = ([[OUTPUT_LEN, decode / self.t(a, k), histogram(a, k, decode / self.t(a, k))]
+                        for a in self.requests(count)] if k else None)
+        figures = {"value": value, "output_tokens": count * OUTPUT_LEN, "requests": count,
+                   "accept_length": None, "accept_at_least": None, "requests_spec": per_request,
+                   "accept_source": "sglang meta info" if k else None}
+        if workload == "latency":
+            figures.update(tpot_ms_mean=1e3 / value, tpot_ms_p50=1e3 / value, output_tok_s=None)
+        return figures
 
     def measure(self, candidate, index, profiled):
         self.started.append((candidate.name, index, profiled))
@@ -61,26 +97,18 @@ class CostModelServer:
                         batch={}, latency={})
         rng = random.Random(f"{self.seed}-{index}")
         k = candidate.steps if candidate.kind == "chain" else None
-        at_least = self.accept[:k] if k else None
         batch = self.truth(candidate.name, k, "batch") * math.exp(rng.gauss(0, self.noise))
         latency = self.truth(candidate.name, k, "latency") * math.exp(rng.gauss(0, self.noise))
-        accept = (self.tokens(k) if k else 1.0)
-        entry["batch"] = {"value": batch, "output_tokens": OUTPUT_TOKENS, "requests": REQUESTS,
-                          "accept_length": (accept * (OUTPUT_TOKENS - REQUESTS) + REQUESTS) / OUTPUT_TOKENS
-                          if k else None,
-                          "accept_at_least": at_least, "accept_source": "sglang meta info" if k else None}
-        entry["latency"] = {"value": latency, "tpot_ms": 1e3 / latency, "output_tokens": STREAM_TOKENS,
-                            "requests": STREAM_REQUESTS, "accept_length": None, "accept_at_least": at_least,
-                            "accept_source": "sglang meta info" if k else None}
+        entry["batch"] = self.phase(BATCH_REQUESTS, k, batch, "batch")
+        entry["latency"] = self.phase(STREAM_REQUESTS, k, latency, "latency")
         return dict(entry, ok=True, failure=None)
 
 
-
 def make_settings(launch=LAUNCH, max_steps=7, workloads=("batch", "latency"), resolve=0.02, budget_min=60.0,
-                  max_servers=None):
+                  max_servers=None, profile=False):
     found = candidates(launch, max_steps, adaptive_available=False)
     settings = Settings(workloads=workloads, resolve=resolve, budget_s=budget_min * 60, max_steps=max_steps,
-                        current=current_name(launch, found), max_servers=max_servers)
+                        current=current_name(launch, found), max_servers=max_servers, profile=profile)
     return found, settings
 
 

@@ -86,10 +86,14 @@ def accept_at_least(histogram: list | None) -> list | None:
 
 
 def acceptance(results) -> dict:
-    """The acceptance figures of a phase: accept length, histogram, at-least shares."""
+    """The acceptance figures of a phase: accept length, histogram, at-least shares, and per speculative request
+    [completion_tokens, spec_verify_ct, its histogram or None] (tune-spec's model needs each request's own: a
+    drafter accepted on some requests and not others is not one pooled histogram)."""
     histogram = accept_histogram(results)
+    per_request = [[m.get("completion_tokens"), m["spec_verify_ct"], request_histogram(m)]
+                   for m in (r["meta_info"] for r in results) if m.get("spec_verify_ct")]
     return {"accept_length": accept_length(results), "accept_hist": histogram,
-            "accept_at_least": accept_at_least(histogram)}
+            "accept_at_least": accept_at_least(histogram), "requests_spec": per_request or None}
 
 
 def run_batch(host, port, prompts, max_new_tokens, concurrency, timeout) -> tuple[dict, list]:

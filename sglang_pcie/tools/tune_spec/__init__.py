@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", type=int, default=0, metavar="N",
                    help="no model: measure every candidate N times in counterbalanced order (the exhaustive"
                         " reference; costs candidates x N servers)")
+    p.add_argument("--profile", action="store_true",
+                   help="EAGLE3_PROFILE=1 in the model's two chain servers: their draft / verify / re-extend costs in"
+                        " the report (off by default: on the H200 run the profiled servers' batch throughput read 6-12%%"
+                        " below unprofiled servers of the same setting, unresolved; docs/tune-spec.md)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="leave SGLang's adaptive steps (--speculative-adaptive) out of the candidates")
     p.add_argument("--resume", metavar="DIR", help="continue a stopped run from DIR/state.json (same launch)")
@@ -89,7 +93,7 @@ def _settings(args, launch_args: list) -> tuple[Settings, list]:
     workloads = ("batch", "latency") if args.workload == "both" else (args.workload,)
     settings = Settings(workloads=workloads, resolve=float(m.group(1)) / 100, budget_s=args.budget_minutes * 60,
                         max_steps=max_steps, current=current_name(launch_args, found),
-                        max_servers=args.max_servers, sweep=args.sweep)
+                        max_servers=args.max_servers, sweep=args.sweep, profile=args.profile)
     return settings, found
 
 
@@ -127,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                              " server")
     settings, found = _settings(args, launch_args)
     if state is not None:
-        settings = Settings(**{k: tuple(v) if k == "workloads" else v for k, v in state["settings"].items()})
+        settings = Settings(**{k: tuple(v) if k == "workloads" else v for k, v in state["settings"].items()
+                               if k in Settings.__dataclass_fields__})
         found = [Candidate(d["name"], tuple(d["args"]), d["steps"], d["kind"]) for d in state["candidates"]]
     folder = folder or Path(args.out or time.strftime("tune-spec-%Y%m%d-%H%M%S")).resolve()
     if args.dry_run:

@@ -19,7 +19,7 @@ def new_state(launch_args: list, settings, workload: dict, candidates: list) -> 
             "settings": {"workloads": list(settings.workloads), "resolve": settings.resolve,
                          "budget_s": settings.budget_s, "max_steps": settings.max_steps,
                          "current": settings.current, "max_servers": settings.max_servers,
-                         "sweep": settings.sweep},
+                         "sweep": settings.sweep, "profile": settings.profile},
             "workload": workload, "candidates": [c.as_dict() for c in candidates], "warmup": None,
             "servers": [], "complete": False, "stopped": None}
 
@@ -59,7 +59,10 @@ def time_left(candidates, state, settings) -> str:
     if mean is None:
         return "time left: unknown until a server has run"
     run = measured(state["servers"])
-    todo = sum(1 for n in model_targets(candidates, run, settings) if not ok_servers(run, n)) + 2
+    if settings.sweep:
+        todo = len(candidates) * settings.sweep - len(run)
+    else:
+        todo = sum(1 for n in model_targets(candidates, run, settings) if not ok_servers(run, n)) + 2
     left = min(todo * mean, max(0.0, settings.budget_s - elapsed(state)))
     return f"about {left / 60:.0f} min left (at most {max(0.0, settings.budget_s - elapsed(state)) / 60:.0f})"
 

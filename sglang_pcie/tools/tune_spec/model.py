@@ -1,25 +1,30 @@
 """The cost model: every EAGLE chain's batch throughput and single-request speed from two measured chains.
 
-For a chain of k draft steps (top-k 1), each verify emits the accepted drafts plus one bonus token. With a_j the
-share of verifies that accepted at least j drafts (the per-depth acceptance, measured at the deepest chain: a
-chain of k steps proposes the same first k drafts, so its a_1..a_k are the deepest chain's),
+Acceptance, per request. For a chain of k draft steps (top-k 1), request r's verify emits its accepted drafts plus
+one bonus token. With a_rj the share of r's verifies that accepted at least j drafts (SGLang's per-request
+histogram, measured at the deepest chain: a chain of k steps proposes the same first k drafts, so its a_r1..a_rk
+are the deepest chain's),
 
-    tokens(k) = 1 + a_1 + ... + a_k                      decode tokens per verify of one request
+    t_r(k) = 1 + a_r1 + ... + a_rk                 decode tokens per verify of request r
 
-and the time of one request's verify step grows with the steps (k draft forwards, a verify over k + 1 tokens, a
-re-extend over them), taken as a line fitted through the measured chains, per workload:
+and r's D_r decode tokens take D_r / t_r(k) verifies. Per request, not pooled: a drafter that is accepted on some
+requests and not on others (the GPU test pair's `mixed` drafter: about half the requests accept every draft, the
+rest one) gives a pooled histogram weighted by verifies, and the requests that accept less take more verifies at
+every k; pooling at the deepest chain then predicted 2.38 tokens per verify at 3 steps where the server gave 2.64
+(GPU run of 2026-12-03), per request 2.67.
 
-    tau(k) = alpha + beta * k
+Time, per workload, a line through the measured chains:
 
-(batch: the batch phase's wall time per request-verify; one request: its decode cycle, TPOT x tokens per verify).
-Then
+    batch:       tau_b(k) = alpha + beta k   the batch phase's wall time per request-verify (T / V)
+    one request: c_1(k)   = alpha + beta k   the decode cycle at concurrency 1 (TPOT_r x t_r, averaged)
 
-    batch output tok/s (k)  = tokens(k) / tau_batch(k) x N / (N - R)     (N tokens of R requests: the first
-                                                                           token of each comes from prefill)
-    one-request tok/s (k)   = tokens(k) / tau_one(k)                     (1 / TPOT)
+Then, over the workload's requests (the same prompts in every server),
 
-No speculation is measured, never modelled. Speculation with k steps pays when tokens(k) > tau(k) / tau_none:
-that quotient is the break-even accept length at this box's measured costs.
+    batch output tok/s (k)       = N / (tau_b(k) x sum_r D_r / t_r(k))      N: all output tokens
+    one-request decode tok/s (k) = 1000 / (c_1(k) x mean_r 1 / t_r(k))     1000 / mean TPOT, TPOT in ms
+
+No speculation is measured, never modelled. Speculation with k steps pays when the tokens per verify over the
+workload (D / V(k)) exceed tau(k) / tau_none: that quotient is the break-even accept length at this box's costs.
 """
 from __future__ import annotations
 
@@ -30,30 +35,49 @@ WORKLOADS = ("batch", "latency")
 LABELS = {"batch": "batch output tok/s", "latency": "one-request decode tok/s"}
 
 
-def decode_accept(figures: dict) -> float | None:
-    """Decode tokens per verify of one measured phase: from its per-depth acceptance where SGLang gave it,
-    else from the accept length (N / V, the first token of each request included) less the prefill tokens."""
-    at_least = figures.get("accept_at_least")
-    if at_least:
-        return 1.0 + sum(at_least)
-    accept, tokens, requests = figures.get("accept_length"), figures.get("output_tokens"), figures.get("requests")
-    if not accept or not tokens or requests is None or tokens <= requests:
+def at_least(histogram: list | None, depth: int) -> list | None:
+    """Shares of verifies that accepted at least j drafts, j = 1..depth, from a histogram indexed by accepted
+    drafts (SGLang's ends at the most any verify accepted: deeper shares are zero)."""
+    steps = sum(histogram or [])
+    if not steps:
         return None
-    return accept * (tokens - requests) / tokens
+    return [sum(histogram[j:]) / steps if j < len(histogram) else 0.0 for j in range(1, depth + 1)]
+
+
+def request_classes(figures: dict, depth: int) -> list[tuple[float, list]] | None:
+    """[(decode tokens D_r, a_r1..a_r depth)] of each speculative request of a phase, from SGLang's per-request
+    histograms; failing those, one pooled class (the phase's own at-least shares); None without either."""
+    per_request = figures.get("requests_spec") or []
+    classes = [(max(0, (c or 0) - 1), at_least(h, depth)) for c, _, h in per_request if h]
+    if classes and all(a is not None for _, a in classes):
+        return classes
+    pooled = figures.get("accept_at_least")
+    if pooled and figures.get("output_tokens") and figures.get("requests") is not None:
+        shares = (list(pooled) + [0.0] * depth)[:depth]
+        return [(figures["output_tokens"] - figures["requests"], shares)]
+    return None
+
+
+def verifies(figures: dict) -> float | None:
+    """The phase's verifies: SGLang's spec_verify_ct summed, else its tokens over the accept length."""
+    per_request = figures.get("requests_spec")
+    if per_request:
+        return float(sum(v for _, v, _ in per_request))
+    accept, tokens = figures.get("accept_length"), figures.get("output_tokens")
+    return tokens / accept if accept and tokens else None
 
 
 def step_time(workload: str, figures: dict) -> float | None:
-    """tau: seconds of one request's verify step in this phase (see the module docstring), or None."""
-    accept = decode_accept(figures)
-    if accept is None:
-        return None
+    """Batch: seconds of wall time per request-verify (T / V). One request: the decode cycle in seconds, each
+    request's TPOT times its own tokens per verify, averaged (c_1 = mean TPOT / mean_r 1 / t_r)."""
     if workload == "batch":
-        rate, tokens, requests = figures.get("value"), figures.get("output_tokens"), figures.get("requests")
-        if not rate or not tokens or requests is None or tokens <= requests:
-            return None
-        return accept * tokens / ((tokens - requests) * rate)
-    tpot_ms = figures.get("tpot_ms")
-    return accept * tpot_ms / 1e3 if tpot_ms else None
+        rate, tokens, count = figures.get("value"), figures.get("output_tokens"), verifies(figures)
+        return tokens / rate / count if rate and tokens and count else None
+    tpot_ms = figures.get("tpot_ms_mean")
+    per_request = [(c - 1) / v for c, v, _ in figures.get("requests_spec") or [] if c and v and c > 1]
+    if not tpot_ms or not per_request:
+        return None
+    return tpot_ms / 1e3 / statistics.fmean(1 / t for t in per_request)
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -68,73 +92,90 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 class Model:
-    """The fitted model of one workload: per-depth acceptance from the deepest measured chain, tau's line through
-    every measured chain server (its repeats included), and no speculation's own step time."""
+    """The fitted model of one workload: per-request acceptance from the deepest measured chain, the step time's
+    line through every measured chain server (its repeats included), and no speculation's own step time."""
 
     def __init__(self, workload: str, chain_servers: list[dict], none_servers: list[dict]):
         self.workload = workload
         usable = [(s["steps"], s[workload]) for s in chain_servers if step_time(workload, s[workload]) is not None]
         self.depths = sorted({k for k, _ in usable})
-        deepest = [f for k, f in usable if self.depths and k == self.depths[-1] and f.get("accept_at_least")]
-        # SGLang's histograms end at the most drafts any verify accepted: deeper shares are zero, not unknown
-        self.at_least = (list(deepest[-1]["accept_at_least"]) + [0.0] * self.depths[-1])[:self.depths[-1]] \
-            if deepest else None
-        self.acceptance_source = deepest[-1].get("accept_source") if deepest else None
+        deepest = [f for k, f in usable if k == self.depths[-1]] if self.depths else []
+        self.classes = request_classes(deepest[-1], self.depths[-1]) if deepest else None
+        self.acceptance_source = (None if not self.classes else "per request (sglang meta info)"
+                                  if len(self.classes) > 1 else deepest[-1].get("accept_source") or "pooled")
+        self.output_tokens = deepest[-1].get("output_tokens") if deepest else None
         self.line = fit_line([(k, step_time(workload, f)) for k, f in usable])
-        shape = [f for _, f in usable]
-        self.tokens_share = (statistics.fmean(f["output_tokens"] / (f["output_tokens"] - f["requests"])
-                                              for f in shape) if workload == "batch" and shape else 1.0)
-        none_taus = [_none_step(workload, s[workload]) for s in none_servers]
-        none_taus = [t for t in none_taus if t]
+        none_taus = [t for t in (_none_step(workload, s[workload]) for s in none_servers) if t]
         self.none_tau = statistics.median(none_taus) if none_taus else None
 
     @property
-    def ready(self) -> bool:
-        return self.line is not None and self.at_least is not None
+    def at_least(self) -> list | None:
+        """The pooled shares over the deepest chain's verifies (what the report prints)."""
+        if not self.classes:
+            return None
+        weights = [d / (1 + sum(a)) for d, a in self.classes]  # each request's verifies at the deepest chain
+        total = sum(weights)
+        return [sum(w * a[j] for w, (_, a) in zip(weights, self.classes)) / total
+                for j in range(len(self.classes[0][1]))] if total else None
+
+    def _verifies(self, k: int) -> float | None:
+        if not self.classes or k > len(self.classes[0][1]):
+            return None
+        return sum(d / (1 + sum(a[:k])) for d, a in self.classes)
 
     def tokens(self, k: int) -> float | None:
-        if self.at_least is None or k > len(self.at_least):
+        """Decode tokens per verify over the workload's requests at k steps (D / V(k))."""
+        count = self._verifies(k)
+        return sum(d for d, _ in self.classes) / count if count else None
+
+    def _inverse_tokens(self, k: int) -> float | None:
+        """mean over requests of 1 / t_r(k): mean TPOT is the decode cycle times this."""
+        if not self.classes or k > len(self.classes[0][1]):
             return None
-        return 1.0 + sum(self.at_least[:k])
+        return statistics.fmean(1 / (1 + sum(a[:k])) for _, a in self.classes)
 
     def tau(self, k: int) -> float | None:
         if self.line is None:
             return None
-        alpha, beta = self.line
-        value = alpha + beta * k
+        value = self.line[0] + self.line[1] * k
         return value if value > 0 else None
 
     def predict(self, k: int) -> float | None:
         """The workload's figure for a chain of k steps, or None where the model cannot say (no fit yet, k deeper
         than the measured acceptance)."""
-        tokens, tau = self.tokens(k), self.tau(k)
-        if tokens is None or tau is None:
+        tau = self.tau(k)
+        if tau is None:
             return None
-        return tokens / tau * (self.tokens_share if self.workload == "batch" else 1.0)
+        if self.workload == "batch":
+            count = self._verifies(k)
+            return self.output_tokens / (tau * count) if count and self.output_tokens else None
+        inverse = self._inverse_tokens(k)
+        return 1 / (tau * inverse) if inverse else None
 
     def break_even(self, k: int) -> float | None:
         """The decode tokens per verify a k-step chain needs to match no speculation here: tau(k) / tau_none."""
         tau = self.tau(k)
         return tau / self.none_tau if tau and self.none_tau else None
 
-    def as_dict(self, max_steps: int) -> dict:
+    def as_dict(self, depths: list[int]) -> dict:
         return {"workload": self.workload, "depths_measured": self.depths, "accept_at_least": self.at_least,
-                "acceptance_source": self.acceptance_source,
+                "acceptance_source": self.acceptance_source, "requests": len(self.classes or []),
                 "tau_ms": None if self.line is None else {"alpha": self.line[0] * 1e3, "beta": self.line[1] * 1e3},
                 "none_tau_ms": None if self.none_tau is None else self.none_tau * 1e3,
-                "predicted": {f"chain-{k}": self.predict(k) for k in range(1, max_steps + 1)},
-                "tokens_per_verify": {f"chain-{k}": self.tokens(k) for k in range(1, max_steps + 1)},
-                "break_even_accept": {f"chain-{k}": self.break_even(k) for k in range(1, max_steps + 1)}}
+                "predicted": {f"chain-{k}": self.predict(k) for k in depths},
+                "tokens_per_verify": {f"chain-{k}": self.tokens(k) for k in depths},
+                "break_even_accept": {f"chain-{k}": self.break_even(k) for k in depths}}
 
 
 def _none_step(workload: str, figures: dict) -> float | None:
-    """No speculation: one token per request-step, so tau is the time per token of one request."""
+    """No speculation: one token per request-step. Batch: wall time per request-step (T / decode tokens); one
+    request: its mean TPOT."""
     if workload == "batch":
         rate, tokens, requests = figures.get("value"), figures.get("output_tokens"), figures.get("requests")
         if not rate or not tokens or requests is None or tokens <= requests:
             return None
-        return tokens / ((tokens - requests) * rate)
-    tpot_ms = figures.get("tpot_ms")
+        return tokens / rate / (tokens - requests)
+    tpot_ms = figures.get("tpot_ms_mean")
     return tpot_ms / 1e3 if tpot_ms else None
 
 

@@ -38,7 +38,7 @@ def analyse(candidates: list, servers: list[dict], settings) -> dict:
         comparison = (compare(run, workload, top[0], top[1], settings.resolve)
                       if len(top) == 2 and all(values(run, n, workload) for n in top) else None)
         pick = _pick(top, comparison, settings.current)
-        out[workload] = {"label": LABELS[workload], "rows": rows, "model": model.as_dict(settings.max_steps),
+        out[workload] = {"label": LABELS[workload], "rows": rows, "model": model.as_dict([c.steps for c in candidates if c.modelled]),
                          "comparison": comparison, "verdict": verdict_line(top, comparison, settings, run, workload),
                          "recommended": pick,
                          "no_speculation_best": bool(top) and top[0] == NONE,
@@ -79,7 +79,9 @@ def verdict_line(top, comparison, settings, servers, workload) -> str:
     figures = f"{lead} leads {runner} by {_pct(comparison['median'])}{interval} over {n} pair{'s' * (n != 1)}{band}"
     if comparison["verdict"] == "noise floor":
         return (f"cannot tell: servers of one candidate spread +-{comparison['noise_margin'] * 100:.1f}% here,"
-                f" wider than {target}; {figures}")
+                f" wider than {target}, and the lead does not clear that spread; {figures}")
+    if comparison["verdict"] == "at the band":
+        return f"cannot tell: the lead is about the servers' own spread, more pairs do not settle it; {figures}"
     need = comparison["pairs_needed"]
     more = (f"; about {need} pairs would resolve {target}" if need else
             f"; resolving {target} needs more than 50 pairs at this spread" if n >= 2 else "")
@@ -114,7 +116,7 @@ def format_report(candidates: list, servers: list[dict], settings, analysis: dic
         if not s.get("ok"):
             lines.append(f"  server {s['index']} ({s['candidate']}) FAILED: {s.get('failure')}")
     for workload, result in analysis.items():
-        where = f" at concurrency {concurrency}" if workload == "batch" else " at concurrency 1 (1000 / TPOT p50)"
+        where = f" at concurrency {concurrency}" if workload == "batch" else " at concurrency 1 (1000 / mean TPOT)"
         lines.append("")
         lines.append(f"{result['label']}{where}")
         lines.append(f"  {'candidate':<10} {'predicted':>10} {'measured':>10} {'95% interval (n>=3)':>21}"
@@ -131,7 +133,8 @@ def format_report(candidates: list, servers: list[dict], settings, analysis: dic
         model = result["model"]
         if model["accept_at_least"]:
             shares = "  ".join(f"{j + 1}: {a * 100:.1f}%" for j, a in enumerate(model["accept_at_least"]))
-            lines.append(f"  accepted at least j drafts ({model['acceptance_source']}): {shares}")
+            lines.append(f"  accepted at least j drafts, over the deepest chain's verifies ({model['acceptance_source']},"
+                         f" {model['requests']} request(s)): {shares}")
         if model["tau_ms"]:
             lines.append(f"  step time per request-verify: {model['tau_ms']['alpha']:.3f} +"
                          f" {model['tau_ms']['beta']:.3f} ms per draft step (chains measured at"

@@ -1,8 +1,8 @@
 """Which server to start next, and what the servers so far say: a pure function of the servers measured, so that a
 stopped run resumes where it was (``--resume``) and the tests drive it with a fake measurement.
 
-1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep), both
-   profiled, and no speculation; the user's setting where it is not a chain. A server that fails takes its
+1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep)
+   (profiled with ``--profile``), and no speculation; the user's setting where it is not a chain. A server that fails takes its
    candidate out (named); the model then takes the next chain.
 2. Per workload, the leader and the runner-up (measured medians where measured, else the model's prediction) are
    measured, then repeated in counterbalanced order (A B B A ...) until the leader's lead is resolved at
@@ -12,8 +12,10 @@ stopped run resumes where it was (``--resume``) and the tests drive it with a fa
 Verdicts compare the two on pairs (the i-th server of each), as bench does: a Student-t interval of the pairs' log
 ratios, widened by the noise band (how far servers of one candidate landed from their median in this run). A
 winner is called only when that interval clears the band; "within" only when it lies inside +-resolve. The interval
-is 99%, not bench's 95%: the search looks again after every pair and stops at the first answer, and with two equal
-candidates at 3% noise a 95% interval called a winner in 3.3% of 120 constructed runs (tests/tools/tune_spec).
+is 99%, not bench's 95%: the search looks again after every pair and stops at the first answer. Against the known
+cost model (benchmarks/tune_spec_false_calls.py, 1000 comparisons a row) two equal candidates got a winner called
+in 4 (1% server noise) and 7 (3%) of 1000; a 10% lead was called in 999 and 297, a 5% lead in 750 and 57, within
+a 20-minute budget of 60 s servers (benchmarks/results/2026-12-03-cpu/tune_spec_false_calls.txt).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class Settings:
     current: str  # the candidate that is the user's setting
     max_servers: int | None = None  # measured servers at most (the warm-up not counted)
     sweep: int = 0  # > 0: no model, every candidate this many times in counterbalanced order (a reference)
+    profile: bool = False  # EAGLE3_PROFILE=1 in the model's two chain servers (their phase costs, for the report)
 
 
 def ok_servers(servers: list[dict], name: str) -> list[dict]:
@@ -132,12 +135,15 @@ def compare(servers: list[dict], workload: str, leader: str, runner: str, resolv
     target = math.log1p(resolve)
     if mean - half > margin:
         row["verdict"] = "best"
-    elif mean - half - margin >= -target and mean + half + margin <= target:
+    elif abs(mean) + half + margin <= target:
         row["verdict"] = "within"
-    elif margin >= target:
-        row["verdict"] = "noise floor"
     else:
-        row["pairs_needed"] = pairs_needed(sd, target - margin)
+        # the half-width that would settle it: a lead clearing the band, or equality within the target
+        room = max(mean - margin, target - margin - abs(mean))
+        if room <= 0:
+            row["verdict"] = "noise floor" if margin >= target else "at the band"
+        else:
+            row["pairs_needed"] = pairs_needed(sd, room)
     return row
 
 
@@ -192,13 +198,15 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
     targets = model_targets(candidates, run, settings)
     for position, name in enumerate(targets):
         if not ok_servers(run, name):
-            return Step(name, profiled=position < 2 and name.startswith("chain-"), why="the model needs it")
+            return Step(name, profiled=settings.profile and position < 2 and name.startswith("chain-"),
+                        why="the model needs it")
     fitted = models(candidates, run, settings.workloads)
-    for workload in settings.workloads:
-        top = leaders(candidates, run, workload, fitted[workload])
+    tops = {w: leaders(candidates, run, w, fitted[w]) for w in settings.workloads}
+    for workload, top in tops.items():  # every workload's two leaders measured before any pair is repeated
         for name in top:
             if not ok_servers(run, name):
                 return Step(name, why=f"a leading candidate for {LABELS[workload]} (predicted)")
+    for workload, top in tops.items():
         if len(top) < 2:
             continue
         row = compare(run, workload, top[0], top[1], settings.resolve)

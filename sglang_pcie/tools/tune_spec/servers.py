@@ -13,11 +13,13 @@ PROFILE_KEYS = ("accept_at_least", "accept_hist", "spec_steps", "spec_draft_toke
 
 def phase_figures(phase: dict | None, workload: str, profile: dict | None) -> dict:
     """What the model reads of one phase of bench's metrics: the workload's figure (batch: output tok/s; one
-    request: 1000 / TPOT p50, its decode speed), the token counts, the accept length and the per-depth acceptance
-    (SGLang's own per-request histograms where its meta info has them, else the profile's, over all traffic)."""
+    request: 1000 / mean TPOT, its decode speed), the token counts, the accept length, each speculative request's
+    [completion tokens, verifies, histogram] and the pooled per-depth acceptance (SGLang's meta info; where it has
+    no histograms, the profile's, over all traffic)."""
     phase = phase or {}
     figures = {"output_tokens": phase.get("output_tokens"), "requests": phase.get("requests"),
                "accept_length": phase.get("accept_length"), "accept_at_least": phase.get("accept_at_least"),
+               "requests_spec": phase.get("requests_spec"),
                "accept_source": "sglang meta info" if phase.get("accept_at_least") else None}
     if not figures["accept_at_least"] and profile and profile.get("accept_at_least"):
         figures["accept_at_least"] = profile["accept_at_least"]
@@ -25,9 +27,9 @@ def phase_figures(phase: dict | None, workload: str, profile: dict | None) -> di
     if workload == "batch":
         figures["value"] = phase.get("output_tok_s")
     else:
-        tpot = phase.get("tpot_ms_p50")
-        figures["tpot_ms"] = tpot
-        figures["value"] = 1e3 / tpot if tpot else None
+        figures.update(tpot_ms_mean=phase.get("tpot_ms_mean"), tpot_ms_p50=phase.get("tpot_ms_p50"),
+                       output_tok_s=phase.get("output_tok_s"))
+        figures["value"] = 1e3 / figures["tpot_ms_mean"] if figures["tpot_ms_mean"] else None
     return figures
 
 

@@ -23,7 +23,9 @@ def test_histograms_are_summed_over_requests_under_either_name():
     assert accept_at_least([0, 0]) is None  # no verify step
     assert accept_at_least([5]) == []  # only ever zero drafts proposed: nothing to be at least
     assert acceptance(replies({"completion_tokens": 9, "spec_verify_ct": 3, "spec_accept_histogram": [1, 1, 1]})) == {
-        "accept_length": 3.0, "accept_hist": [1, 1, 1], "accept_at_least": pytest.approx([2 / 3, 1 / 3])}
+        "accept_length": 3.0, "accept_hist": [1, 1, 1], "accept_at_least": pytest.approx([2 / 3, 1 / 3]),
+        "requests_spec": [[9, 3, [1, 1, 1]]]}  # each request's own, for tune-spec's per-request model
+    assert acceptance(replies({"completion_tokens": 9}))["requests_spec"] is None  # no speculation
 
 
 @pytest.mark.parametrize("keys", ["spec_correct_drafts_histogram,spec_accept_histogram", "spec_accept_histogram",
