@@ -11,8 +11,9 @@ import pytest
 
 from support import REPO
 
-SDIST_TOP = {"sglang_pcie", "sitecustomize", "patches", "tests", "ci", "docs", "benchmarks", "pyproject.toml",
-             "README.md", "ARCHITECTURE.md", "CHANGELOG.md", "COMPATIBILITY.md", "LICENSE", "PKG-INFO", ".gitignore"}
+# The sdist is the wheel's source (pyproject.toml says why): no tests, CI scripts or measurements, which need a clone.
+SDIST_TOP = {"sglang_pcie", "sitecustomize", "patches", "docs", "pyproject.toml", "README.md", "ARCHITECTURE.md",
+             "CHANGELOG.md", "COMPATIBILITY.md", "LICENSE", "PKG-INFO", ".gitignore"}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,22 @@ def test_twine_check_strict_passes(dists):
 def test_the_sdist_holds_the_listed_paths_only(dists):
     with tarfile.open(dists[1]) as sdist:
         top = {name.split("/", 2)[1] for name in sdist.getnames() if name.count("/") >= 1}
-    assert top <= SDIST_TOP and {"sglang_pcie", "LICENSE", "tests"} <= top and "scratch" not in top
+    assert top <= SDIST_TOP and {"sglang_pcie", "LICENSE", "patches", "docs"} <= top and "scratch" not in top
+    assert not {"tests", "ci", "benchmarks"} & top  # they need a clone (the workflows, git, the SGLang installs)
+
+
+def test_the_sdist_is_the_wheels_source(dists, tmp_path):
+    """What the sdist is for: unpacked, it builds the same wheel as the checkout does (file for file)."""
+    with tarfile.open(dists[1]) as sdist:
+        sdist.extractall(tmp_path / "unpacked", filter="data")
+    (source,) = (tmp_path / "unpacked").iterdir()
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "wheel"), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rebuilt = sorted((tmp_path / "wheel").glob("*.whl"))[0]
+    with zipfile.ZipFile(dists[0]) as a, zipfile.ZipFile(rebuilt) as b:
+        assert sorted(a.namelist()) == sorted(b.namelist())
+        assert all(a.read(name) == b.read(name) for name in a.namelist() if not name.endswith("/RECORD"))
 
 
 def test_the_wheel_carries_the_license_the_hook_and_the_metadata_the_index_shows(dists):

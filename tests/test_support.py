@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from support import cuda_stub
+from support import REPO, cuda_stub
 
 # The modules our patches target, per release (the layer-boundary refactor moved the residual norm in 0.5.23;
 # the v1 EAGLE worker is gone by then).
@@ -79,3 +79,21 @@ def test_child_environment_is_hermetic(sglang_env, monkeypatch):
     assert child["NCCL_PROTO"] == "LL" and "HOME_LIKE_SETTING" not in child
     assert child["LD_LIBRARY_PATH"] == f"{env.stub_dir}:/outer/lib"
     assert env.env()["HOME_LIKE_SETTING"] == "kept"
+
+
+def test_a_passing_tests_temporary_files_are_removed_when_the_run_ends(tmp_path):
+    """The suite's own pytest settings (pyproject.toml): a passed test's tmp_path is gone after the run, a failed
+    one's is kept (its files are the evidence)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_leaves.py").write_text(
+        "def test_passes(tmp_path):\n    (tmp_path / 'big.bin').write_bytes(b'0' * 1024)\n\n"
+        "def test_fails(tmp_path):\n    (tmp_path / 'evidence.txt').write_text('x')\n    assert False\n")
+    base = tmp_path / "base"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+                           str(REPO / "pyproject.toml"), "--rootdir", str(REPO), "--basetemp", str(base),
+                           str(tmp_path / "test_leaves.py")], capture_output=True, text=True, timeout=300)
+    assert "1 failed, 1 passed" in proc.stdout, proc.stdout[-2000:]
+    left = sorted(p.name for p in base.rglob("*") if p.is_file())
+    assert left == ["evidence.txt"], left

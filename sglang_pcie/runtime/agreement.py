@@ -20,6 +20,7 @@ group would block the others in a mismatched collective until the group's timeou
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from sglang_pcie.runtime.settings import IPC_VARS
 
 PATCH_ID = "node-agreement"
 PREFIX = f"sglang-pcie {PATCH_ID}"
-KEY = "sglang-pcie/node-agreement/v1/rank-"  # one key per rank in the default store
+KEY = "sglang-pcie/node-agreement/v2/rank-"  # one key per rank in the default store (v2: values carry digests)
 WAIT_S = 60.0  # ranks reach the check within seconds of each other: gloo connected all of them just before
 DECIDED_VAR = "SGLANG_PCIE_NCCL_DECIDED"  # runtime.nccl's, written by each node's launcher
 
@@ -63,10 +64,15 @@ ALLREDUCE_VARS = (*IPC_VARS, DECIDED_VAR)
 # Names of the compared values that are not variables.
 VERSIONS = ("sglang-pcie version", "sglang version", "NCCL version (torch's)")
 CONF_PROBLEM = "NCCL config file"
-MAX_VALUE_CHARS = 256
-MAX_VALUES = 128
+# A record's bounds. Values are compared by a digest of the whole value (the text travels cut, to be shown), so
+# equal settings compare equal whatever their length; the values a record cannot hold (past MAX_VALUES, or past
+# MAX_RECORD_BYTES) are named as not compared, never as a difference.
+MAX_VALUE_CHARS = 256  # of a value's text, a source's path and a name, as sent
+MAX_VALUES = 512
 MAX_RECORD_BYTES = 256 * 1024
+DIGEST_CHARS = 32  # hex characters of sha256 sent (128 bits)
 SHOWN_CHARS = 80
+SHOWN_DIGEST_CHARS = 12
 
 logger = logging.getLogger(__name__)
 _checked = False  # the comparison runs once per process
@@ -141,18 +147,53 @@ def versions() -> dict[str, tuple[str, None]]:
     return {name: (str(value), None) for name, value in found.items() if value is not None}
 
 
+def digest(text: str) -> str:
+    """The digest values are compared by (sha256 of the UTF-8 text, as many hex characters as a record sends)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_CHARS]
+
+
+def sent_name(name: str) -> str:
+    """A name as a record holds it: cut past MAX_VALUE_CHARS, with the whole name's digest (equal names stay equal,
+    names that differ only past the cut stay apart)."""
+    longest = MAX_VALUE_CHARS + len("...(sha256 )") + DIGEST_CHARS  # a cut name's length: cutting it again keeps it
+    return name if len(name) <= longest else f"{name[:MAX_VALUE_CHARS]}...(sha256 {digest(name)})"
+
+
 @dataclass(frozen=True)
 class Record:
+    """One rank's settings. ``values``: name -> (text, source, length, digest): the value's text (cut where it
+    came through a record), the file it came from (None: the environment), the whole value's length and digest.
+    A 2-tuple (value, source) is completed from the value. ``cut``: how many of the rank's values its record could
+    not hold (those past the last name it holds, in name order)."""
     rank: int
     host: str
     node: int | None  # node rank, where the launch says it
-    values: dict  # name -> (value, source): source None for the environment, else the file it came from
+    values: dict
+    cut: int = 0
+
+    def __post_init__(self):
+        whole = {name: (v if len(v) == 4 else (v[0], v[1], len(v[0]), digest(v[0]))) for name, v in self.values.items()}
+        object.__setattr__(self, "values", whole)
 
     def to_json(self) -> bytes:
-        kept = sorted(self.values.items())[:MAX_VALUES]
-        values = {name: [value[:MAX_VALUE_CHARS], source] for name, (value, source) in kept}
-        return json.dumps({"rank": self.rank, "host": self.host[:MAX_VALUE_CHARS], "node": self.node,
-                           "values": values}, sort_keys=True).encode()
+        """The record as sent: each text, source and name cut at MAX_VALUE_CHARS; values in name order, as many as
+        fit MAX_VALUES and MAX_RECORD_BYTES (the rest counted in ``cut``)."""
+        def cut(text):
+            return None if text is None else text[:MAX_VALUE_CHARS]
+
+        head = {"rank": self.rank, "host": cut(self.host), "node": self.node}
+        budget = MAX_RECORD_BYTES - len(json.dumps({**head, "values": {}, "cut": 2 ** 63}).encode())
+        values, size = {}, 0
+        entries = sorted((sent_name(name), value) for name, value in self.values.items())
+        for name, (text, source, length, hashed) in entries:
+            entry = [cut(text), cut(source), length, hashed]
+            cost = len(json.dumps({name: entry}).encode())  # a bound on its share: braces stand in for ", "
+            if len(values) >= MAX_VALUES or size + cost > budget:
+                break
+            values[name] = entry
+            size += cost
+        return json.dumps({**head, "values": values, "cut": self.cut + len(entries) - len(values)},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> "Record":
@@ -160,14 +201,30 @@ class Record:
         if len(raw) > MAX_RECORD_BYTES:
             raise ValueError(f"{len(raw)} bytes (at most {MAX_RECORD_BYTES})")
         data = json.loads(raw.decode("utf-8"))
+
+        def is_value(v):
+            return (isinstance(v, list) and len(v) == 4 and isinstance(v[0], str) and (v[1] is None or
+                    isinstance(v[1], str)) and isinstance(v[2], int) and isinstance(v[3], str))
+
         ok = (isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("host"), str)
               and (data.get("node") is None or isinstance(data.get("node"), int))
+              and isinstance(data.get("cut"), int) and data["cut"] >= 0
               and isinstance(data.get("values"), dict) and len(data["values"]) <= MAX_VALUES
-              and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
-                      and (v[1] is None or isinstance(v[1], str)) for k, v in data["values"].items()))
+              and all(isinstance(k, str) and is_value(v) for k, v in data["values"].items()))
         if not ok:
             raise ValueError("not a node-agreement record")
-        return cls(data["rank"], data["host"], data["node"], {k: tuple(v) for k, v in data["values"].items()})
+        return cls(data["rank"], data["host"], data["node"], {k: tuple(v) for k, v in data["values"].items()},
+                   data["cut"])
+
+    @functools.cached_property
+    def last(self) -> str | None:
+        """The last name (in name order) this record holds; None where it holds none."""
+        return max(self.values) if self.values else None
+
+    def holds(self, name: str) -> bool:
+        """Whether this record speaks for ``name``: every name, unless values were cut (then those up to the
+        last one it holds)."""
+        return not self.cut or (self.last is not None and name <= self.last)
 
 
 def node_rank(rank: int, world_size: int, environ: Mapping[str, str], argv: list[str] | None = None) -> int | None:
@@ -213,23 +270,40 @@ def node_label(record: Record, ranks: Iterable[int]) -> str:
     return f"{name}{ranks_text(ranks)})"
 
 
-def shown(value: tuple[str, str | None] | None) -> str:
+def shown(value: tuple | None) -> str:
+    """A value as a line shows it: its text, cut past SHOWN_CHARS with its length and digest (two long values that
+    differ only past the cut read apart), and the file it came from."""
     if value is None:
         return "unset"
-    text, source = value
-    text = repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "...")
+    text, source, length, hashed = value
+    if length <= SHOWN_CHARS:
+        text = repr(text)
+    else:
+        text = f"{text[:SHOWN_CHARS]!r}... ({length} chars, sha256 {hashed[:SHOWN_DIGEST_CHARS]})"
+        text = text.replace("'... (", "...' (", 1)
     return f"{text} from {source}" if source else text
+
+
+def compared(records: list[Record]) -> list[str]:
+    """The names every record speaks for (all of them, unless a record was cut: then those up to the first name
+    past which some record holds nothing)."""
+    names = {name for record in records for name in record.values}
+    cut = [record for record in records if record.cut]
+    if any(record.last is None for record in cut):
+        return []
+    horizon = min((record.last for record in cut), default=None)
+    return sorted(name for name in names if horizon is None or name <= horizon)
 
 
 def differences(records: list[Record]) -> dict[str, str]:
     """{name: its line} for each setting whose value is not the same on every rank (for PER_NODE names: on every
-    rank of one node), the line naming each node (and its ranks) with its value; {} where all agree. Sources
-    (which file) are shown but are not a difference."""
-    names = sorted({name for record in records for name in record.values})
+    rank of one node), the line naming each node (and its ranks) with its value; {} where all agree. Values are
+    compared whole (by digest); sources (which file) are shown but are not a difference. Names some record could
+    not hold are not compared (``cut_line`` says so)."""
     lines = {}
-    for name in names:
+    for name in compared(records):
         def distinct(group):
-            return len({(record.values.get(name) or (None,))[0] for record in group}) > 1
+            return len({(record.values.get(name) or (None,) * 4)[3] for record in group}) > 1
 
         if name in PER_NODE:
             by_node: dict[tuple, list[Record]] = {}
@@ -244,11 +318,29 @@ def differences(records: list[Record]) -> dict[str, str]:
             continue
         groups: dict[tuple, list[Record]] = {}
         for record in sorted(shown_records, key=lambda r: (node_of(r), r.rank)):
-            groups.setdefault((node_of(record), record.values.get(name)), []).append(record)
-        parts = [f"{node_label(members[0], [m.rank for m in members])} {shown(value)}"
-                 for (_, value), members in groups.items()]
+            value = record.values.get(name)
+            key = None if value is None else (value[1], value[3])  # the source and the whole value's digest
+            groups.setdefault((node_of(record), key), []).append(record)
+        parts = [f"{node_label(members[0], [m.rank for m in members])} {shown(members[0].values.get(name))}"
+                 for members in groups.values()]
         lines[name] = f"{PREFIX}: {name} differs {where}: " + "; ".join(parts)
     return lines
+
+
+def cut_line(records: list[Record]) -> str | None:
+    """The line saying which settings were not compared because some record could not hold them; None where every
+    record held all of its values."""
+    cut = [r for r in records if r.cut]
+    if not cut:
+        return None
+    counts = sorted({len(r.values) + r.cut for r in cut})
+    held = sorted({len(r.values) for r in cut})
+    last = min((r.last for r in cut if r.last is not None), default=None)
+    total = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    first = f"{held[0]}" if len(held) == 1 else f"{held[0]}-{held[-1]}"
+    after = f"settings after {last} were not compared" if last is not None else "none of their settings was compared"
+    return (f"{PREFIX}: {ranks_text(r.rank for r in cut)} sent only their first {first} settings (by name) of {total} "
+            f"(a record holds at most {MAX_VALUES} values and {MAX_RECORD_BYTES} bytes): {after}")
 
 
 @dataclass(frozen=True)
@@ -258,6 +350,7 @@ class Verdict:
     unknown: list  # ranks whose settings could not be compared (sent none, or nothing readable)
     nodes: int  # nodes that reported
     speaks: bool  # whether this rank logs the lines (the first rank of each node does)
+    notes: list = ()  # warning lines: what could not be compared, never a difference (nor a reason to stop)
 
 
 def verdict(own: Record, records: list[Record], missing: list[int], unreadable: dict[int, str], strict: bool,
@@ -282,7 +375,8 @@ def verdict(own: Record, records: list[Record], missing: list[int], unreadable: 
         lines.append(f"{PREFIX}: {' and '.join(what)}; NCCL ranks that disagree on protocol, algorithm or transport "
                      f"can hang at some message sizes: {action}")
     first_of_node = min(r.rank for r in records if node_of(r) == node_of(own))
-    return Verdict(lines, list(found), unknown, nodes, speaks=own.rank == first_of_node)
+    notes = [line for line in [cut_line(records)] if line]
+    return Verdict(lines, list(found), unknown, nodes, speaks=own.rank == first_of_node, notes=notes)
 
 
 # -- the exchange, through the default process group's store
@@ -315,20 +409,24 @@ def _wait(store, keys: list[str], wait_s: float) -> None:
 def agree(store, rank: int, world_size: int, environ: Mapping[str, str], strict: bool,
           wait_s: float | None = None) -> Verdict:
     """Compare this rank's settings with every other rank's; log the lines (the first rank of each node), and
-    raise StrictModeError on every rank where they differ and ``strict``."""
+    raise StrictModeError on every rank where they differ and ``strict``. Every rank compares the records as sent,
+    its own included (read back as the others read it): every rank sees the same records and says the same."""
     wait_s = WAIT_S if wait_s is None else wait_s
-    own = own_record(rank, world_size, environ)
-    raw, missing = exchange(store, rank, world_size, own.to_json(), wait_s)
+    payload = own_record(rank, world_size, environ).to_json()
+    own = Record.from_json(payload)  # within bounds by construction
+    raw, missing = exchange(store, rank, world_size, payload, wait_s)
     records, unreadable = [], {}
-    for other, payload in sorted(raw.items()):
+    for other, sent in sorted(raw.items()):
         try:
-            records.append(own if other == rank else Record.from_json(bytes(payload)))
+            records.append(own if other == rank else Record.from_json(bytes(sent)))
         except ValueError as exc:  # json's errors are ValueErrors too
             unreadable[other] = str(exc)[:SHOWN_CHARS]
     result = verdict(own, records, missing, unreadable, strict, wait_s)
-    if result.lines and result.speaks:
+    if result.speaks:
         for line in result.lines:
             logger.error(line)
+        for line in result.notes:
+            logger.warning(line)
     if result.lines and strict:
         what = [", ".join(result.differing)] if result.differing else []
         what += [f"the settings of {ranks_text(result.unknown)} unknown"] if result.unknown else []

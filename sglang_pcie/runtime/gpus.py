@@ -185,7 +185,10 @@ def _probe_nvidia_smi(environ=None) -> Topology | None:
     return Topology([names[i] for i in chosen], nvlink, None, "nvidia-smi", detail, [uuids[i] for i in chosen])
 
 
+NO_GPU_DETAIL = "no NVIDIA driver, or it lists none"  # beside "no GPU visible": the cause, not the finding again
+
+
 def probe_topology(environ=None) -> Topology:
     """The GPUs this process will use and the links between them, without initialising CUDA."""
     return (_probe_nvml(environ=environ) or _probe_nvidia_smi(environ)
-            or Topology(detail="no NVIDIA driver or GPU visible"))
+            or Topology(detail=NO_GPU_DETAIL))

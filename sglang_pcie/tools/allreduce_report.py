@@ -10,10 +10,12 @@ from sglang_pcie.runtime.allreduce import (CUSTOM_AR_MAX_BYTES, FLASHINFER_MIN, 
 from sglang_pcie.runtime import gpus
 
 
-def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
+def report(decision, sglang_root: str | os.PathLike | None = None, elsewhere: bool = False) -> dict:
     """The all-reduce paths this install offers, and which one a server started now would use, with reasons.
     ``decision`` is an ``nccl.NcclDecision`` (its topology may be None: the profile did not probe);
-    ``sglang_root``: a folder holding the sglang package to report on instead of the installed one."""
+    ``sglang_root``: a folder holding the sglang package to report on instead of the installed one; ``elsewhere``:
+    that folder is not this machine's install (a fetched release, a source tree), which the report then says
+    (``sglang_from``), the GPUs and FlashInfer being this machine's."""
     topology = decision.topology if decision.topology is not None else gpus.probe_topology()
     sglang = allreduce.sglang_install(sglang_root)
     flashinfer = allreduce.flashinfer_install()
@@ -21,6 +23,8 @@ def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
     ipc = decision.ipc or decide_ipc(decision.requested, decision.config, topology, os.environ, sglang, flashinfer)
     out = {"gpus": world, "nvlink": topology.nvlink, "p2p": topology.p2p,
            "sglang": sglang.version, "flashinfer": flashinfer.version, "paths": []}
+    if elsewhere and sglang_root is not None:
+        out["sglang_from"] = str(sglang_root)
 
     eligible, ca_why = custom_allreduce(topology)
     if world >= 2:
@@ -72,9 +76,13 @@ def report(decision, sglang_root: str | os.PathLike | None = None) -> dict:
 def format_report(rep: dict) -> list[str]:
     count = rep["gpus"]
     links = gpus.Topology(["?"] * count)  # says yes / no / why unknown for this many GPUs
-    head = (f"All-reduce paths ({count} GPU(s); NVLink {links.state(rep['nvlink'])};"
-            f" peer-to-peer {links.state(rep['p2p'])};"
-            f" SGLang {rep['sglang'] or 'not installed'}; FlashInfer {rep['flashinfer'] or 'not installed'}):")
+    machine = (f"{count} GPU(s); NVLink {links.state(rep['nvlink'])}; peer-to-peer {links.state(rep['p2p'])}")
+    flashinfer = f"FlashInfer {rep['flashinfer'] or 'not installed'}"
+    if rep.get("sglang_from"):  # two sources: say which figure comes from where
+        head = (f"All-reduce paths (this machine: {machine}; {flashinfer}. SGLang {rep['sglang'] or 'unknown'} from"
+                f" {rep['sglang_from']}, the release checked, not this machine's install):")
+    else:
+        head = f"All-reduce paths ({machine}; SGLang {rep['sglang'] or 'not installed'}; {flashinfer}):"
     lines = [head]
     for path in rep["paths"]:
         lines.append(f"  {path['path']}: {path['detail']}")

@@ -79,9 +79,12 @@ def _signal(pid, sig):
 
 def stop_tree(proc: subprocess.Popen, known: dict, grace_s: float) -> dict:
     """SIGTERM the server's process group (and any member that left it), wait ``grace_s``, SIGKILL what is left,
-    and wait until none remains. Returns what happened, with any survivor named."""
+    and wait until none remains. Returns what happened, with any survivor named: ``processes`` counts those alive
+    when the stop began (a member of ``known`` that had already ended is not one it stopped), and
+    ``started_after_ready`` those of them ``known`` (the processes seen at ready) did not hold."""
     members = dict(known)
     members.update(tree_members(proc.pid))
+    members = {pid: start for pid, start in members.items() if _alive(pid, start)}
     started = time.monotonic()
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -114,7 +117,8 @@ def stop_tree(proc: subprocess.Popen, known: dict, grace_s: float) -> dict:
     except subprocess.TimeoutExpired:
         pass
     survivors = remaining()
-    return {"processes": len(members), "sigkilled": sorted(killed), "stop_s": round(time.monotonic() - started, 2),
+    return {"processes": len(members), "started_after_ready": len(set(members) - set(known)),
+            "sigkilled": sorted(killed), "stop_s": round(time.monotonic() - started, 2),
             "survivors": [{"pid": pid, "cmdline": _cmdline(pid)} for pid in sorted(survivors)]}
 
 

@@ -25,7 +25,8 @@ STATUS_HELP = {
     "error": "the check itself failed",
 }
 EPILOG = ("statuses: " + "; ".join(f"{s}: {STATUS_HELP[s]}" for s in STATUSES) + ". Exit status: 0 when no patch "
-          "is drifted or error, 1 otherwise, 2 for bad usage or settings.")
+          "is drifted or error, 1 otherwise, 2 for bad usage or settings, or no SGLang to check (none installed "
+          "here, and neither --sglang-source nor --sglang-version given).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if decision.file_error:
         errors.append(decision.file_error)
         print(f"sglang-pcie: error: {decision.file_error}", file=sys.stderr)
-    report = build_report(version, mode, rows, decision.as_dict(), str(root), allreduce_report(decision, root))
+    elsewhere = args.sglang_version is not None or args.sglang_source is not None
+    report = build_report(version, mode, rows, decision.as_dict(), str(root),
+                          allreduce_report(decision, root, elsewhere=elsewhere))
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return USAGE_ERROR if errors else exit_code(report)
 

@@ -206,3 +206,31 @@ def test_release_workflow_runs_the_matrix_daily_and_on_pull_requests():
     runtime = [name for name, text in runs.items() if "verify-patches --runtime" in text]
     assert runtime and all("ci/sglang-env" in runs[n] and "tests/support/cuda_stub.py" in runs[n] for n in runtime)
     assert all(doc["jobs"][n]["runs-on"] == "ubuntu-latest" for n in runs)
+
+
+def test_a_tests_workflow_runs_the_readmes_test_command_on_pull_requests_and_main():
+    doc = yaml.safe_load((REPO / ".github" / "workflows" / "tests.yml").read_text())
+    triggers = doc.get("on", doc.get(True))
+    assert "pull_request" in triggers and triggers["push"]["branches"] == ["main"]
+    readme = (REPO / "README.md").read_text()
+    assert "CI runs exactly this (`.ci/run`)" in readme and "bash ci/run-tests" in readme
+    assert "exec bash ci/run-tests" in (REPO / ".ci" / "run").read_text()
+    (job,) = doc["jobs"].values()
+    runs = [step["run"].strip() for step in job["steps"] if "run" in step]
+    assert runs[-1] == ".ci/run"
+    caches = [step["with"] for step in job["steps"] if step.get("uses", "").startswith("actions/cache@")]
+    assert any("~/.cache/sglang-pcie/envs" in cache["path"] for cache in caches)  # ci/run-tests' default cache
+
+
+def test_workflow_cache_keys_hash_files_that_exist_and_comments_name_paths_that_exist():
+    """A hashFiles() of a file that does not exist hashes nothing: the key never changes, and a cache once saved
+    under it is never saved again. A path a comment names is one a reader looks for."""
+    for path in WORKFLOWS:
+        text = path.read_text()
+        for args in re.findall(r"hashFiles\(([^)]*)\)", text):
+            for name in re.findall(r"'([^']+)'", args):
+                assert list(REPO.glob(name)), f"{path.name}: hashFiles('{name}') matches no file"
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                for named in re.findall(r"(?<![\w/.-])((?:ci|tests|sglang_pcie|docs)/[\w./-]*\w)", line):
+                    assert (REPO / named).exists(), f"{path.name}: a comment names {named}, which does not exist"

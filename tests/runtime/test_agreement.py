@@ -87,12 +87,18 @@ def test_the_check_runs_only_where_the_launch_spans_nodes():
 def test_records_travel_as_bounded_json():
     record = Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("x" * 1000, "/etc/nccl.conf")})
     back = Record.from_json(record.to_json())
-    assert back == Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None),
-                                          "NCCL_ALGO": ("x" * agreement.MAX_VALUE_CHARS, "/etc/nccl.conf")})
-    many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(500)})
-    assert len(Record.from_json(many.to_json()).values) == agreement.MAX_VALUES
+    assert back == Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None),  # the text cut, the whole value's digest
+                                          "NCCL_ALGO": ("x" * agreement.MAX_VALUE_CHARS, "/etc/nccl.conf", 1000,
+                                                        agreement.digest("x" * 1000))})
+    assert back.values["NCCL_ALGO"][3] == record.values["NCCL_ALGO"][3] and back.cut == 0
+    many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(600)})
+    sent = Record.from_json(many.to_json())
+    assert len(sent.values) == agreement.MAX_VALUES and sent.cut == 600 - agreement.MAX_VALUES
+    assert max(sent.values) == f"NCCL_V{agreement.MAX_VALUES - 1:03}"  # the first ones by name
     for bad in (b"[]", b'{"rank": "0", "host": "h", "node": null, "values": {}}',
-                b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1"]}}', b"\xff",
+                b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1"]}, "cut": 0}',
+                b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1", null]}, "cut": 0}',
+                b'{"rank": 0, "host": "h", "node": null, "values": {}}', b"\xff",
                 b" " * (agreement.MAX_RECORD_BYTES + 1)):
         with pytest.raises(ValueError):
             Record.from_json(bad)
@@ -134,9 +140,10 @@ def test_ranks_of_one_node_that_differ_are_named_apart_and_long_values_cut():
     long = "x" * 100
     found = agreement.differences(records((0, 0, {"NCCL_X": (long, None)}), (1, 0, {}), (2, 1, {}),
                                           (5, 1, {}), (4, 1, {"NCCL_X": (long, None)})))
-    assert found["NCCL_X"] == (f"{P}: NCCL_X differs between nodes: node 0 (box-0, rank 0) '{'x' * 80}...'; "
+    cut = f"'{'x' * 80}...' (100 chars, sha256 {agreement.digest(long)[:12]})"
+    assert found["NCCL_X"] == (f"{P}: NCCL_X differs between nodes: node 0 (box-0, rank 0) {cut}; "
                                "node 0 (box-0, rank 1) unset; node 1 (box-1, ranks 2, 5) unset; "
-                               f"node 1 (box-1, rank 4) '{'x' * 80}...'")
+                               f"node 1 (box-1, rank 4) {cut}")
     assert agreement.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
     assert agreement.node_label(Record(2, "h", None, {}), [2, 3]) == "h (ranks 2-3)"
 
@@ -290,3 +297,146 @@ def test_a_node_without_the_check_is_named_after_a_bounded_wait(torch_python, tm
                                 "node-agreement switched off, or an older sglang-pcie): their NCCL settings are "
                                 "unknown")
     assert present["json"]["verdict"]["unknown"] == [absent] and said(results[absent]) == []
+
+
+# -- bounds: equal settings compare equal whatever their size; what a record could not hold is said
+
+class DictStore:
+    """The few calls of torch's store that the exchange makes, on a dict that already holds every other rank's
+    record (written by ``agree`` runs before): ``wait`` returns at once, as it does when every key is there."""
+
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value if isinstance(value, bytes) else value.encode()
+
+    def wait(self, keys, timeout):
+        if not all(k in self.data for k in keys):
+            raise RuntimeError("timeout")
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+    def multi_get(self, keys):
+        return [self.data[k] for k in keys]
+
+
+def agree_all(monkeypatch, tmp_path, envs: list[dict], nodes: list[int], strict: bool = False):
+    """Every rank's ``agree`` on one store, each rank with its own environment (no config file read) and node;
+    every record is written before any rank compares. [(verdict or the StrictModeError, the lines it logged)]."""
+    monkeypatch.setattr(agreement.sys, "argv", ["sglang"])
+    monkeypatch.setattr(agreement, "versions", lambda: {})
+    store = DictStore()
+    full = [dict(env, NCCL_CONF_FILE=str(tmp_path / "absent.conf"), SGLANG_PCIE_NNODES=str(max(nodes) + 1))
+            for env in envs]
+    hosts = [f"box-{n}" for n in nodes]
+    for rank, env in enumerate(full):
+        record = agreement.own_record(rank, len(envs), env)
+        store.set(f"{agreement.KEY}{rank}", Record(rank, hosts[rank], nodes[rank], record.values).to_json())
+    results = []
+    for rank, env in enumerate(full):
+        logged = []
+        monkeypatch.setattr(agreement.socket, "gethostname", lambda rank=rank: hosts[rank])
+        monkeypatch.setattr(agreement, "node_rank", lambda r, w, e, argv=None: nodes[r])
+        monkeypatch.setattr(agreement.logger, "error", lambda line, *a: logged.append(("error", line)))
+        monkeypatch.setattr(agreement.logger, "warning", lambda line, *a: logged.append(("warning", line)))
+        try:
+            results.append((agreement.agree(store, rank, len(envs), env, strict, wait_s=0), logged))
+        except agreement.StrictModeError as exc:
+            results.append((exc, logged))
+    return results
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_equal_long_values_agree_between_nodes_and_strict_does_not_stop(monkeypatch, tmp_path, strict):
+    plugin = "/opt/" + "p" * 294 + "/libnccl-net.so"  # 314 characters, longer than a record's bound
+    assert len(plugin) == 314 > agreement.MAX_VALUE_CHARS
+    results = agree_all(monkeypatch, tmp_path, [{"NCCL_NET_PLUGIN": plugin}] * 2, [0, 1], strict)
+    for result, logged in results:
+        assert not isinstance(result, Exception) and result.lines == [] and logged == [], logged
+
+
+def test_equal_long_per_host_values_agree_within_a_node(monkeypatch, tmp_path):
+    topo = "/etc/" + "t" * 286 + "/topo.xml"  # 300 characters
+    assert len(topo) == 300
+    envs = [{"NCCL_TOPO_FILE": topo}] * 2 + [{"NCCL_TOPO_FILE": "/other.xml"}] * 2  # per host: node 1 may differ
+    for result, logged in agree_all(monkeypatch, tmp_path, envs, [0, 0, 1, 1]):
+        assert result.lines == [] and logged == []
+
+
+def test_long_values_that_differ_only_past_the_bound_are_told_apart(monkeypatch, tmp_path):
+    common = "/opt/" + "p" * 400
+    results = agree_all(monkeypatch, tmp_path, [{"NCCL_NET_PLUGIN": common + "a.so"},
+                                                {"NCCL_NET_PLUGIN": common + "b.so"}], [0, 1], strict=True)
+    for result, logged in results:
+        assert isinstance(result, agreement.StrictModeError) and "NCCL_NET_PLUGIN" in str(result)
+    line = [line for kind, line in results[0][1] if "NCCL_NET_PLUGIN" in line][0]
+    a, b = (agreement.digest(common + end) for end in ("a.so", "b.so"))
+    assert line == (f"{P}: NCCL_NET_PLUGIN differs between nodes: node 0 (box-0, rank 0) '{common[:80]}...' "
+                    f"(409 chars, sha256 {a[:12]}); node 1 (box-1, rank 1) '{common[:80]}...' (409 chars, "
+                    f"sha256 {b[:12]})")
+    assert results[1][1] == results[0][1]  # both nodes say the same
+
+
+def test_three_hundred_equal_variables_agree_and_both_nodes_say_the_same(monkeypatch, tmp_path):
+    many = {f"NCCL_V{i:03}": "x" * 300 for i in range(300)}
+    for result, logged in agree_all(monkeypatch, tmp_path, [many, many], [0, 1], strict=True):
+        assert not isinstance(result, Exception) and result.lines == [] and logged == []
+    other = dict(many, NCCL_V150="y")
+    results = agree_all(monkeypatch, tmp_path, [many, other], [0, 1])
+    assert [len(logged) for _, logged in results] == [2, 2] and results[0][1] == results[1][1]
+    assert results[0][0].differing == ["NCCL_V150"]
+
+
+def test_what_a_record_cannot_hold_is_said_not_reported_as_a_difference(monkeypatch, tmp_path):
+    monkeypatch.setattr(agreement, "MAX_VALUES", 10)
+    many = {f"NCCL_V{i:02}": str(i) for i in range(25)}
+    results = agree_all(monkeypatch, tmp_path, [many, dict(many, NCCL_A0="extra")], [0, 1], strict=True)
+    for result, logged in results:
+        assert isinstance(result, agreement.StrictModeError) and "NCCL_A0" in str(result)
+    # node 1's first ten values end one name earlier (NCCL_A0 is first): past node 1's last sent name, nothing
+    # is compared, and that is said once, as a warning.
+    assert [kind for kind, _ in results[0][1]] == ["error", "error", "warning"]
+    assert results[0][1][2][1] == (
+        f"{P}: ranks 0-1 sent only their first 10 settings (by name) of 25-26 (a record holds at most "
+        f"{10} values and {agreement.MAX_RECORD_BYTES} bytes): settings after NCCL_V08 were not compared")
+    same = agree_all(monkeypatch, tmp_path, [many, many], [0, 1], strict=True)
+    for result, logged in same:
+        assert result.lines == [] and result.notes and [kind for kind, _ in logged] == ["warning"]
+
+
+def test_a_record_holds_its_bounds_whatever_the_values(monkeypatch):
+    wide = "\u2603" * 1000  # 6 bytes a character in JSON
+    record = Record(0, wide, 0, {f"NCCL_{wide}{i}": (wide, wide) for i in range(400)})
+    raw = record.to_json()
+    assert len(raw) <= agreement.MAX_RECORD_BYTES
+    back = Record.from_json(raw)
+    assert back.cut and len(back.values) + back.cut == 400 and back == Record.from_json(back.to_json())
+
+
+def test_equal_long_settings_on_two_real_nodes_start_under_strict(torch_python, tmp_path):
+    same = {"NCCL_NET_PLUGIN": "/opt/" + "p" * 294 + "/libnccl-net.so", "SGLANG_PCIE_NCCL_DECIDED": "none",
+            "SGLANG_PCIE_STRICT": "1", **{f"NCCL_V{i:03}": "v" * 300 for i in range(300)}}
+    results = run_world(torch_python, [node(0, **same), node(1, **same)], tmp_path)
+    for result in results:
+        assert result["rc"] == 0 and P not in result["err"], result["err"][-2000:]
+        assert result["json"]["verdict"]["lines"] == [] and result["json"]["verdict"]["nodes"] == 2
+
+
+def test_strict_mode_stops_where_a_rank_sent_nothing_and_says_whose_settings_are_unknown(monkeypatch, tmp_path):
+    monkeypatch.setattr(agreement.sys, "argv", ["sglang"])
+    monkeypatch.setattr(agreement, "versions", lambda: {})
+    env = {"NCCL_CONF_FILE": str(tmp_path / "absent.conf"), "SGLANG_PCIE_NNODES": "2"}
+    logged = []
+    monkeypatch.setattr(agreement.logger, "error", lambda line, *a: logged.append(line))
+    with pytest.raises(agreement.StrictModeError) as raised:
+        agreement.agree(DictStore(), 0, 2, env, strict=True, wait_s=0)
+    assert str(raised.value) == ("sglang-pcie: SGLANG_PCIE_STRICT=1 and the nodes of this server disagree: the "
+                                 "settings of rank 1 unknown (the node-agreement lines name each node's value)")
+    assert logged[0].startswith(f"{P}: rank 1 sent no settings within 0 s") and logged[-1].endswith(
+        "the start stops (SGLANG_PCIE_STRICT=1)")
+    assert "the settings of rank 1 could not be compared" in logged[-1]
+    logged.clear()
+    result = agreement.agree(DictStore(), 0, 2, env, strict=False, wait_s=0)  # without strict: said, and on
+    assert result.unknown == [1] and result.differing == [] and len(logged) == 2

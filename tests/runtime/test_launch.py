@@ -117,3 +117,30 @@ def test_the_ipc_path_stays_off_across_nodes():
     fi = FlashinferInstall("0.7.2", True, "/x")
     decision = decide_ipc("auto", wins, PCIE2, {}, sglang, fi, launch=detect(["--nnodes", "2"], {}))
     assert decision.values == {} and "single-node" in decision.reason
+
+
+@pytest.mark.parametrize("argv, env, nodes, rank", [
+    ([], {"WORLD_SIZE": "10", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2"}, 3, 2),  # not a multiple: a partial node
+    ([], {"WORLD_SIZE": "9", "LOCAL_WORLD_SIZE": "8"}, 2, None),
+    (["--model-path", "m", "--nnodes"], {}, 1, None),  # a trailing option without its value names nothing
+    (["--nnodes", "2", "--node-rank"], {}, 2, None),
+    (["--nnodes", "2", "--nnodes", "4"], {}, 4, None),  # argparse's rule: the last one wins
+    (["--nnodes", "2", "--node-rank", "-1"], {}, 2, None),  # not a node rank
+    (["--nnodes", "2"], {NODES_VAR: "3"}, 3, None),  # the launcher's count, written for its workers, comes first
+])
+def test_the_edges_of_a_launchs_node_count(argv, env, nodes, rank):
+    launch = detect(argv, env)
+    assert (launch.nodes, launch.node_rank) == (nodes, rank)
+
+
+def test_the_command_line_wins_over_the_config_file_for_each_setting(tmp_path):
+    config = tmp_path / "server.yaml"
+    config.write_text("nnodes: 2\nnode-rank: 1\n")
+    assert (detect(["--config", str(config), "--node-rank", "0"], {}).node_rank) == 0
+    launch = detect(["--node-rank", "1", "--config", str(config), "--nnodes", "3"], {})
+    assert (launch.nodes, launch.node_rank, launch.source) == (3, 1, "--nnodes 3")
+    config.write_text("nnodes: 2\nnode_rank: 1\n")  # SGLang's attribute spelling works too
+    assert detect(["--config", str(config)], {}).node_rank == 1
+    config.write_text("nnodes: two\n")
+    bad = detect(["--config", str(config)], {})
+    assert bad.nodes == 1 and bad.problem == f"nnodes: two in --config {config}: not a positive number of nodes; read as one node"

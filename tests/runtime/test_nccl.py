@@ -15,7 +15,7 @@ from sglang_pcie.runtime.settings import load_settings
 
 PCIE_BOX = Topology(["NVIDIA RTX PRO 6000 Blackwell"] * 8, nvlink=False, p2p=True, source="nvml")
 NVLINK_BOX = Topology(["NVIDIA H200"] * 2, nvlink=True, p2p=True, source="nvml", detail="36 active NVLink links")
-NO_GPU = Topology(detail="no NVIDIA driver or GPU visible")
+NO_GPU = Topology(detail="no NVIDIA driver, or it lists none")
 
 # The process environment the decisions see: no user NCCL variables, and no tuned file.
 NO_TUNED = {"XDG_CONFIG_HOME": "/nonexistent"}  # no tuned file at the default path: no result, no error

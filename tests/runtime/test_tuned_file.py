@@ -294,3 +294,23 @@ def test_tuned_file_is_checked_only_where_the_nccl_decision_reads_it(tmp_path, c
     launcher = dict(environ)
     apply_for_process(load_settings(launcher), launcher)
     assert capsys.readouterr().err.count("SGLANG_PCIE_TUNED_FILE=") == 1
+
+
+def test_a_measurement_across_nodes_says_what_holds_in_every_node_and_names_the_closest_node():
+    def node(uuid, nvlink, p2p, nccl="2.27.3"):
+        return {"gpus": ["NVIDIA H200"] * 2, "gpu_uuids": [f"{uuid}-0", f"{uuid}-1"], "nvlink": nvlink, "p2p": p2p,
+                "nccl": nccl, "transport_env": {}, "net_env": {}, "ib_devices": []}
+
+    both = tuning.multi_node_fingerprint([node("a", False, True, "2.27.3"), node("b", False, None, "2.26.2")])
+    assert both["nodes"] == 2 and both["gpu_uuids"] == ["a-0", "a-1", "b-0", "b-1"]
+    assert both["nvlink"] is False  # false on one node: false
+    assert both["p2p"] is None  # true on one, unknown on the other: unknown, never true
+    assert both["nccl"] == "2.27.3"  # node 0's
+    assert tuning.multi_node_fingerprint([node("a", True, True), node("b", True, True)])["p2p"] is True
+    assert tuning._all_or_none([]) is None  # nobody said: unknown
+    here = node("b", False, None, "2.26.2")
+    assert tuning.fingerprint_differences(both, {"nodes": 2}, here) == []
+    other = dict(here, nccl="2.28.0")
+    assert tuning.fingerprint_differences(both, {"nodes": 2}, other) == [
+        "this node is none of the 2 nodes measured (closest, node 1: nccl '2.26.2' here '2.28.0')"]
+    assert tuning.fingerprint_differences(both, {"nodes": 3}, here) == ["measured on 2 node(s), launched on 3"]

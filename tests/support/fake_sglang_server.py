@@ -25,6 +25,8 @@ Behaviour knobs (environment, so bench variants can set them; launch argument ``
   FAKE_DIFFER_EVERY=N     change token 3 of every request whose prompt sum is divisible by N
   FAKE_STUBBORN_CHILD=1   start a child that ignores SIGTERM (bench must SIGKILL it); its pid is logged
   FAKE_ESCAPED_CHILD=1    start a child that leaves the process group (setsid); its pid is logged
+  FAKE_CHILD_SWAP=1       start a child (alive when the server is ready); at the first /generate, end it and start
+                          another (as a server whose workers come and go after start-up); both pids are logged
   EAGLE3_PROFILE=1 with EAGLE3_PROFILE_FILE   append one profile interval record per request
   SGLANG_PCIE_*           the overlay's NCCL decision is applied as on ``import sglang`` (unless disabled)
   NCCL_DEBUG=INFO         NCCL_* variables logged as NCCL's "set by environment" lines (NCCL_DEBUG_SUBSYS=ENV);
@@ -197,6 +199,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/generate":
             self._json(404, {"detail": "Not Found"})
             return
+        swap_child()
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         params = req.get("sampling_params") or {}
         count = int(params.get("max_new_tokens", 16))
@@ -244,6 +247,23 @@ class Handler(BaseHTTPRequestHandler):
         write_profile(count - 1, cycles)  # the profile counts the tokens of decode cycles
 
 
+SWAP = {"child": None, "done": False}
+
+
+def swap_child():
+    """FAKE_CHILD_SWAP: the first request ends the start-up child (reaped) and starts another; once."""
+    with LOCK:
+        if os.environ.get("FAKE_CHILD_SWAP") != "1" or SWAP["done"]:
+            return
+        SWAP["done"] = True
+        old = SWAP["child"]
+        old.terminate()
+        old.wait()
+        print(f"fake: ended child pid {old.pid}", flush=True)
+        SWAP["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(f"fake: swapped-in child pid {SWAP['child'].pid}", flush=True)
+
+
 def start_child(escape: bool):
     code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('armed', flush=True);"
             " sys.stdout.close(); time.sleep(600)")
@@ -276,6 +296,9 @@ def main():
         start_child(escape=False)
     if os.environ.get("FAKE_ESCAPED_CHILD") == "1":
         start_child(escape=True)
+    if os.environ.get("FAKE_CHILD_SWAP") == "1":
+        SWAP["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print(f"fake: start-up child pid {SWAP['child'].pid}", flush=True)
     Handler.shift = args.fake_shift
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

@@ -105,3 +105,34 @@ def test_a_tuned_file_that_is_a_fifo_is_one_error_line_not_a_hang_or_a_traceback
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == [f"sglang-pcie: error: SGLANG_PCIE_TUNED_FILE={str(fifo)!r}: tuned NCCL file"
                                         f" {fifo} is a FIFO, not a regular file; nothing applied from it"]
+
+
+def test_every_commands_help_lists_its_exit_codes_in_plain_text_and_names_docs_by_url():
+    """README: every command's --help lists its exit codes. Help is read in a terminal: no reST markup, and a page
+    it points to is a URL (a wheel install has no docs/ folder)."""
+    import re
+
+    problems = []
+    for name, parser in _parsers()[1:]:
+        text = " ".join(parser.format_help().split())
+        if not re.search(r"\bExit( status)?:? 0\b", text):
+            problems.append(f"{name}: no exit codes")
+        if "``" in text:
+            problems.append(f"{name}: reST markup")
+        for path in re.findall(r"(?<![\w/.-])docs/[\w.-]*\w", text):
+            problems.append(f"{name}: names {path}, not its URL")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_written_usage_line_names_each_options_argument_as_the_option_list_does():
+    import re
+
+    problems = []
+    for name, parser in _parsers()[1:]:
+        usage = parser.format_usage()
+        for action in parser._actions:
+            for option in action.option_strings:
+                for written in re.findall(rf"{re.escape(option)} ([A-Z][A-Z_]*)\b", usage):
+                    if written != (action.metavar or action.dest.upper()):
+                        problems.append(f"{name}: usage {option} {written}, options {option} {action.metavar}")
+    assert not problems, "\n".join(problems)

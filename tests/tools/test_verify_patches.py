@@ -132,3 +132,26 @@ def test_an_empty_value_is_named_not_read_as_absent(capsys, option):
     code, _, err = run_cli(capsys, "verify-patches", option, "")
     assert code == 2 and "no sglang installed here" not in err
     assert err.startswith("sglang-pcie: error: ") and "''" in err
+
+
+@pytest.mark.parametrize("how", ["version", "source"])
+def test_a_release_checked_from_elsewhere_is_told_apart_from_this_machines_figures(capsys, pristine_source, how):
+    """The GPUs, links and FlashInfer are this machine's; the SGLang is the release checked: the report says which
+    figure comes from where, not one install's."""
+    where = ["--sglang-version", "0.5.23"] if how == "version" else ["--sglang-source", str(pristine_source("0.5.23"))]
+    code, out, _ = run_cli(capsys, "verify-patches", *where)
+    head = next(line for line in out.splitlines() if line.startswith("All-reduce paths"))
+    assert head.startswith("All-reduce paths (this machine: ") and "FlashInfer " in head.split("SGLang")[0], head
+    assert head.endswith(f"SGLang 0.5.23 from {pristine_source('0.5.23')}, the release checked, not this "
+                         "machine's install):"), head
+    assert json.loads(run_cli(capsys, "verify-patches", *where, "--json")[1])["allreduce"]["sglang_from"] == str(
+        pristine_source("0.5.23"))
+
+
+def test_no_sglang_to_check_is_exit_2_as_its_help_says(capsys, monkeypatch):
+    from sglang_pcie.tools import verify_patches
+
+    monkeypatch.setattr(verify_patches, "installed_sglang_root", lambda: None)
+    code, _, err = run_cli(capsys, "verify-patches")
+    assert code == 2 and err.strip().endswith("no sglang installed here; use --sglang-source DIR or --sglang-version X")
+    assert "2 for bad usage or settings, or no SGLang to check" in verify_patches.EPILOG

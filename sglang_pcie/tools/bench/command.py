@@ -291,6 +291,10 @@ def run(args: argparse.Namespace) -> int:
     except ReportOnly as report:
         return show_report(report.args[0])
     if plan.dry_run:
+        try:
+            check_sglang_imports(plan)  # what the real run checks first: the preview says where it would refuse
+        except UsageError as exc:
+            print(f"{PROG}: note: the real run would refuse: {exc}", file=sys.stderr)
         return _print(format_schedule(plan), 0)
     check_sglang_imports(plan)
     previous = signal.getsignal(signal.SIGTERM)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sglang_pcie.tools.bench.analysis import METRICS
 from sglang_pcie.tools.bench.plan import AUTO_MAX_REPEATS, BASELINE, CONTROLLED_VARS, Plan
-from sglang_pcie.tools.bench.verdicts import noise_margin
+from sglang_pcie.tools.bench.verdicts import CANNOT_RESOLVE, noise_margin
 
 
 def fmt(value, digits=1):
@@ -82,6 +82,8 @@ def _ratio_cell(row):
         return f"{'-':>8} {'':15}"
     interval = row.get("interval")
     cell = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "-"
+    if row.get("verdict") == CANNOT_RESOLVE:  # no figure a reader could use: results.json keeps the interval
+        cell = "too wide"
     return f"{row['median']:8.3f} {cell:<15}"
 
 

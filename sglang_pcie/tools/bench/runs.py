@@ -347,7 +347,8 @@ def _stop(plan, proc, known, handle, record, progress, label) -> None:
         stop["gpu_processes_after"] = gpu
     record["stop"] = stop
     survivors = f", {len(stop['survivors'])} SURVIVED: {stop['survivors']}" if stop["survivors"] else ""
-    progress(f"{label}: stopped {stop['processes']} processes in {stop['stop_s']} s"
+    since = f" ({stop['started_after_ready']} started after ready)" if known and stop["started_after_ready"] else ""
+    progress(f"{label}: stopped {stop['processes']} processes{since} in {stop['stop_s']} s"
              f"{' (SIGKILL needed)' if stop['sigkilled'] else ''}{survivors}")
 
 

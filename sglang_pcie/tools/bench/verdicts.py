@@ -4,7 +4,9 @@ A pair is one repeat's variant run over the same repeat's baseline run. Over the
 interval (95%, n - 1 degrees of freedom) for their mean: exact for normal noise, no resampling, so the same numbers
 always give the same verdict. The ratio is called higher or lower only when that interval clears the noise band,
 1 +- the baseline servers' own spread (how far identical servers landed from their median in this run), on one
-side; otherwise "within noise". Beside every verdict: the smallest effect this run could have resolved, the
+side; otherwise "within noise", or "cannot resolve" where the interval is too wide to tell a 10x effect from none
+(the smallest resolvable effect over 999%, which the table cannot print: c=1 TTFT over two pairs can span
+[0.01-100]). Beside every verdict: the smallest effect this run could have resolved, the
 interval's half-width plus that band (a ratio beyond 1 + x or below 1 / (1 + x)).
 
 ``--repeats auto`` adds repeats until that smallest resolvable effect is under a target (``auto_stop``): it stops on
@@ -22,6 +24,8 @@ import statistics
 from sglang_pcie.tools.bench.plan import AUTO_MAX_REPEATS, BASELINE, Resolve
 
 CONFIDENCE = 0.95
+UNRESOLVABLE = 9.99  # a smallest resolvable effect beyond this (the table's "±>999%") resolves nothing of use
+CANNOT_RESOLVE = "cannot resolve: this interval cannot tell a 10x effect from none"
 _LARGE_DF = 1000  # beyond this many degrees of freedom the normal quantile is the t quantile to 4 digits
 
 
@@ -87,6 +91,8 @@ def ratio_summary(ratios: list[float], higher_is_better: bool, spread=None) -> d
         higher = mean > 0
         better = higher == higher_is_better
         verdict = f"{'higher' if higher else 'lower'} ({'better' if better else 'worse'})"
+    elif row["resolvable"] > UNRESOLVABLE:
+        verdict = CANNOT_RESOLVE
     else:
         verdict = "within noise"
     return dict(row, verdict=verdict)

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", required=True, metavar="DIR",
                         help="the EAGLE-3 drafter: a model folder or a Hugging Face cache entry")
     parser.add_argument("--target", metavar="DIR", help="the target model (config, headers and tokenizer)")
-    parser.add_argument("--compare-d2t", metavar="OTHER_DRAFT_DIR", help="a reference drafter whose d2t should agree")
+    parser.add_argument("--compare-d2t", metavar="DIR", help="another drafter (a reference) whose d2t should agree")
     parser.add_argument("--text", metavar="FILE", help="text for the coverage check (default: a bundled sample)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--sglang-source", metavar="DIR", help="check against this SGLang tree, not the installed one")

@@ -208,10 +208,11 @@ def structure_words(ref: Reference, found: dict) -> str:
 
 
 def best_words(verdicts: list) -> str:
-    """The closest either test came, for a verdict that found nothing."""
-    ref, found = max(verdicts, key=lambda v: (v[1].get("rows", {}).get("lined_up", -1), v[1]["structure"]["z"]))
-    return "; ".join(filter(None, [rows_words(ref, found) if found.get("rows") else "",
-                                   structure_words(ref, found)]))
+    """What both tests found against each of the target's matrices compared, for a verdict that found nothing: every
+    reference, in one order (embed_tokens, then lm_head, as ``references`` lists them), whichever came closest, so
+    that two drafters' lines name the rows compared the same way."""
+    return "; ".join(part for ref, found in verdicts
+                     for part in ([rows_words(ref, found)] if found.get("rows") else []) + [structure_words(ref, found)])
 
 
 def verdict(ctx: Context, head: str, width: int, ids: list[int], target_ids: list[int], rows: list,

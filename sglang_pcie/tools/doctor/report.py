@@ -23,7 +23,7 @@ DESCRIPTION = ("What on this box will hang, corrupt or slow a multi-GPU SGLang s
                "Only the copy check's child process uses CUDA; no root needed (what only root can see is said).")
 EPILOG = ("Exit status: 0 nothing wrong (ok, info and not-visible lines only), 1 at least one warning (slower or "
           "risky), 2 bad usage, 3 at least one failure (a server would hang or compute wrong results). "
-          "Finding ids and fixes: docs/doctor.md.")
+          "Finding ids and fixes: https://github.com/sglang-pcie/sglang-pcie/blob/main/docs/doctor.md")
 
 
 def _positive_int(text: str) -> int:

@@ -119,5 +119,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = ("Write a tiny random Llama target (DIR/target) and an EAGLE-3 drafter for it (DIR/draft) that "
+               "SGLang loads and serves, with no downloads; --acceptance decides how often SGLang accepts the "
+               "drafter's guesses.")
+EPILOG = "Exit status: 0 when both models were written; 2 for bad usage or a folder that cannot be written."
+
 COMMAND = Command("make-test-models", "write a tiny random Llama target and EAGLE-3 drafter (no downloads)",
-                  add_arguments, run, description=__doc__.splitlines()[0])
+                  add_arguments, run, description=DESCRIPTION, epilog=EPILOG)

@@ -382,5 +382,9 @@ def _finish(args, sweep, ipc: dict, profiles: dict, spec: dict, world: int, fing
     return 0
 
 
+EPILOG = ("Exit status: 0 when the tuned file was written (or, with --dry-run, the preview printed); 1 when it "
+          "was not: no torch, NCCL's defaults could not be measured, the nodes did not meet, or the file could not be "
+          "written; 2 for bad usage.")
+
 COMMAND = Command("tune-nccl", "measure NCCL profiles on the local GPUs and keep the best", add_arguments, run,
-                  description=DESCRIPTION)
+                  description=DESCRIPTION, epilog=EPILOG)

@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="EAGLE3_PROFILE=1 in the model's two chain servers: their draft / verify / re-extend costs in"
                         " the report (off by default: on the H200 run the profiled servers' batch throughput read 6-12%%"
-                        " below unprofiled servers of the same setting, unresolved; docs/tune-spec.md)")
+                        " below unprofiled servers of the same setting, unresolved;"
+                        " https://github.com/sglang-pcie/sglang-pcie/blob/main/docs/tune-spec.md)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="leave SGLang's adaptive steps (--speculative-adaptive) out of the candidates")
     p.add_argument("--resume", metavar="DIR", help="continue a stopped run from DIR/state.json (same launch)")

@@ -3,13 +3,17 @@ real launch_server would be), a small workload, and a bench run against the fake
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 import sys
 
 import pytest
 
 from support import SUPPORT
 
+from sglang_pcie.tools.bench.report import percent
+from sglang_pcie.tools.bench.verdicts import noise_margin
 from sglang_pcie.tools.cli import main as cli_main
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
@@ -46,3 +50,30 @@ def run_bench(capsys, tmp_path):
         results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None
         return code, stdout, stderr, results
     return run
+
+
+@pytest.fixture(name="table_row")
+def table_row_fixture():
+    return table_row
+
+
+def table_row(name: str, label: str, row: dict) -> re.Pattern:
+    """The table's line for one variant's metric, every cell spelled from results.json's row (whatever figures the
+    run produced: a loaded machine's may be far from an idle one's, and each cell is still the row's). The baseline's
+    line shows its servers' spread and noise floor instead of a ratio."""
+    value = "-" if row.get("value_median") is None else f"{row['value_median']:.2f}"
+    head = rf"^{re.escape(name)} +{re.escape(label)} +{re.escape(value)} +"
+    if name == "baseline":
+        spread = row.get("spread")
+        if not spread:
+            return re.compile(rf"{head}1 +{row['n']}$", re.M)
+        floor = percent(math.exp(noise_margin(spread)) - 1)
+        return re.compile(rf"{head}1 {re.escape(f'[{spread[0]:.3f}-{spread[1]:.3f}]')} +{row['n']} +its own "
+                          rf"servers' spread: noise floor {re.escape(floor)}$", re.M)
+    ratio = "-" if row.get("median") is None else f"{row['median']:.3f}"
+    interval = row.get("interval")
+    cell = f"[{interval[0]:.3f}-{interval[1]:.3f}]" if interval else "-"
+    if row["verdict"].startswith("cannot resolve"):
+        cell = "too wide"
+    return re.compile(rf"{head}{re.escape(ratio)} {re.escape(cell)} +{row['n']} +"
+                      rf"{re.escape(percent(row.get('resolvable')))}  {re.escape(row['verdict'])}$", re.M)

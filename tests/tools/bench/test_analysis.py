@@ -125,3 +125,17 @@ def test_profile_checks_math():
     assert profile_checks({"cycle_ms": 5.3, "wall_cycle_ms": 5.0}, None)["failed"] == ["cycle_le_wall"]
     two = profile_checks({"syncs": 3, "runs_in_file": 2, "ranks": {"tp_rank": [0, 1]}}, None)
     assert two["failed"] == ["no_forced_waits", "one_run_tp_rank_0"]
+
+
+def test_profile_checks_at_their_edges():
+    # an accept length below SGLang's is as wrong as one above it
+    assert profile_checks({"accept_length": 1.97}, 2.0)["failed"] == ["accept_within_1pct"]
+    assert profile_checks({"accept_length": 1.99}, 2.0)["failed"] == []
+    # phases that sum past the cycle, by more than rounding, fail; equal to it pass
+    assert profile_checks({"phases_sum_ms": 4.0, "cycle_ms": 4.0}, None)["phases_le_cycle"] is True
+    assert profile_checks({"phases_sum_ms": 4.0001, "cycle_ms": 4.0}, None)["failed"] == ["phases_le_cycle"]
+    # schema 3's wall time of exactly the timed cycles: no tolerance, the cycle must fit in it
+    exact = {"cycle_ms": 5.01, "timed_wall_cycle_ms": 5.0, "wall_cycle_ms": 9.0}
+    assert profile_checks(exact, None)["failed"] == ["cycle_le_wall"]
+    assert profile_checks(dict(exact, cycle_ms=5.0), None)["failed"] == []
+    assert profile_checks({"skipped_records": 1}, None)["failed"] == ["no_impossible_records"]

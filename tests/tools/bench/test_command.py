@@ -169,3 +169,16 @@ def test_another_server_command_is_not_checked(capsys, tmp_path, small_options):
     out, err = capsys.readouterr()
     assert code == 1 and "cannot import SGLang" not in out + err
     assert "server exited with code 4 before /health answered" in out
+
+
+def test_a_dry_run_in_a_python_without_sglang_says_the_real_run_would_refuse(capsys, tmp_path, monkeypatch):
+    bare = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(bare)  # a python that has no sglang
+    python = str(bare / "bin" / "python")
+    monkeypatch.setattr(sys, "executable", python)
+    code = cli_main(["bench", "--dry-run", "--out", str(tmp_path / "out"), "--", "--model-path", "m"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("schedule: ") and not (tmp_path / "out").exists()
+    assert err == (f"sglang-pcie bench: note: the real run would refuse: {python} cannot import SGLang"
+                   " (ModuleNotFoundError: No module named 'sglang'): every server would fail; install SGLang for that"
+                   " python, or name another with --server-cmd\n")

@@ -39,3 +39,13 @@ def test_auto_text_for_every_reason():
         "repeats auto: NOT RESOLVABLE batch output tok/s to ±2.0% in 7 repeats: ")
     assert "own spread is ±0.4% after 7 repeats" in auto_text(dict(auto, stopped="noise floor"))
     assert percent(None) == "-" and percent(12.0) == "±>999%"
+
+
+def test_an_interval_that_cannot_resolve_is_not_printed_as_a_figure():
+    from sglang_pcie.tools.bench.report import _ratio_lines
+    from sglang_pcie.tools.bench.verdicts import ratio_summary
+
+    row = dict(ratio_summary([0.1, 10.0], higher_is_better=False), value_median=12.5)
+    (line,) = [l for l in _ratio_lines({"x": {"stream TTFT p50 (ms)": row}}) if l.startswith("x ")]
+    assert "too wide" in line and "[0.0" not in line and "100." not in line, line
+    assert line.endswith("  cannot resolve: this interval cannot tell a 10x effect from none"), line

@@ -19,7 +19,7 @@ from sglang_pcie.tools.bench.runs import accept_length, server_decode_stats, sho
 from sglang_pcie.tools.cli import main as cli_main
 
 
-def test_bench_end_to_end(run_bench, capsys, tmp_path):
+def test_bench_end_to_end(run_bench, capsys, tmp_path, table_row):
     code, out, err, results = run_bench(
         "--repeats", "2", "--variant", "overlay", "--variant", "profile",
         "--variant", "s2:args=--fake-shift 1", "--variant", "nccl:env=NCCL_PROTO=LL;repeats=1",
@@ -75,7 +75,7 @@ def test_bench_end_to_end(run_bench, capsys, tmp_path):
     assert results["outputs"]["s2"]["verdict"].startswith("differs (allowed")
     assert results["outputs"]["s2"]["within_variant"]["differing"] == 0
     # the report: table on stdout, progress on stderr, per-server logs, results.json, chart or why not
-    assert re.search(r"^overlay +batch output tok/s +[\d.]+ +[\d.]+ \[[\d.]+-[\d.]+\] +2 +±[>\d.]+%  \w", out, re.M)
+    assert table_row("overlay", "batch output tok/s", results["ratios"]["overlay"]["batch output tok/s"]).search(out)
     assert "overlay       identical: 0/20 requests differ" in out
     assert ("NCCL read (run 5, nccl): NCCL_PROTO=LL [1 process(es)]; expected (user + overlay) NCCL_PROTO=LL:"
             " all read") in out
@@ -297,3 +297,15 @@ def test_repeats_auto_says_why_it_stopped(monkeypatch, capsys, tmp_path, options
     code, out, results = auto_bench(capsys, tmp_path, *options)
     assert results["auto"]["stopped"] == stopped and results["repeats"] == repeats == results["auto"]["repeats"]
     assert says in out and code == (1 if stopped == "failure" else 0)
+
+
+def test_process_counts_say_what_they_count_when_they_say_it(run_bench):
+    """Ready: the processes then (the server and its start-up child). Stopped: the processes the stop ended (the
+    server and the child started since; the start-up child had already ended, and is not counted as stopped)."""
+    code, _, err, results = run_bench("--repeats", "1", "--no-warmup", "--variant", "swap:env=FAKE_CHILD_SWAP=1")
+    assert code == 0, err
+    run = next(r for r in results["runs"] if r["variant"] == "swap")
+    label = f"{run['index']}/{len(results['runs'])} swap (repeat 1)"
+    assert f"{label}: ready in " in err and f"{label}: ready in {run['ready_s']:.1f} s (2 processes)" in err
+    assert run["stop"]["processes"] == 2 and run["stop"]["started_after_ready"] == 1
+    assert re.search(rf"{re.escape(label)}: stopped 2 processes \(1 started after ready\) in [\d.]+ s\n", err), err

@@ -99,7 +99,7 @@ def test_an_a_a_run_is_within_noise_across_seeds(pairs, shape):
         records = simulated_run(seed, pairs, noise=0.02, heavy=shape == "heavy tails",
                                 drift=0.01 if shape == "drift" else 0.0)
         row = compute_ratios(records, VARIANTS)["x"][TOK_S]
-        called += row["verdict"] != "within noise"
+        called += row["verdict"].startswith(("higher", "lower"))  # "cannot resolve" calls nothing either
         min_max_called += not row["min"] <= 1.0 <= row["max"]
         assert row["n"] == pairs and row["resolvable"] > 0
     assert called <= 0.05 * seeds
@@ -170,18 +170,21 @@ def test_repeats_auto_stops_on_width_failure_noise_floor_cap_and_budget():
     assert auto_stop(ratios(0.05), resolve, 3, 449.0, failed=False) is None
 
 
-def test_an_a_a_run_end_to_end(run_bench):
+@pytest.mark.parametrize("jitter, cycle_ms", [("0.2", "2"), ("3", "0.5")], ids=["servers-alike", "servers-wild"])
+def test_an_a_a_run_end_to_end(run_bench, table_row, jitter, cycle_ms):
     """Plumbing only (the verdicts above are tested on constructed numbers): two identical variants, each server
     with its own seeded cycle time, give rows whose interval, count and resolvable effect the table prints, each
-    the function of that run's pairs and baseline spread."""
+    the function of that run's pairs and baseline spread. Servers as wild as a loaded machine's (cycle times apart
+    by e^3 and more) print their rows alike."""
     code, out, _, results = run_bench("--repeats", "3", "--variant", "overlay", "--variant", "aa:base=overlay",
-                                      "--env", "FAKE_CYCLE_JITTER=0.2", "--env", "FAKE_SEED=7",
-                                      "--env", "FAKE_CYCLE_MS=2")
+                                      "--env", f"FAKE_CYCLE_JITTER={jitter}", "--env", "FAKE_SEED=7",
+                                      "--env", f"FAKE_CYCLE_MS={cycle_ms}")
     assert code == 0, out
     runs = results["runs"]
     assert [r["variant"] for r in runs] == "baseline overlay aa aa overlay baseline baseline overlay aa".split()
     drawn = [r["model_info"]["cycle_ms"] for r in runs]
-    assert drawn == pytest.approx([2 * fake_sglang_server.cycle_factor("7", 0.2, Path(r["log"]).parent.name)
+    assert drawn == pytest.approx([float(cycle_ms) * fake_sglang_server.cycle_factor("7", float(jitter),
+                                                                                     Path(r["log"]).parent.name)
                                    for r in runs])
     assert len(set(drawn)) == len(runs)  # each server its own draw
     for name in ("overlay", "aa"):
@@ -194,10 +197,19 @@ def test_an_a_a_run_end_to_end(run_bench):
             assert row.get("ratios", []) == pytest.approx(expected)
             assert {k: v for k, v in row.items() if k != "value_median"} == ratio_summary(
                 row.get("ratios", []), higher, base.get("spread"))
-    line = re.search(r"^aa +batch output tok/s +[\d.]+ +([\d.]+) \[([\d.]+)-([\d.]+)\] +3 +±([\d.]+)%  (.+)$", out,
-                     re.M)
-    row = results["ratios"]["aa"][TOK_S]
-    assert line and line.group(5) == row["verdict"] and float(line.group(4)) == round(row["resolvable"] * 100, 1)
-    assert float(line.group(2)) == round(row["interval"][0], 3) and float(line.group(3)) == round(row["interval"][1], 3)
-    assert re.search(r"^baseline +batch output tok/s +[\d.]+ +1 \[[\d.]+-[\d.]+\] +3 +its own servers' spread: noise"
-                     r" floor ±[\d.]+%$", out, re.M)
+    # the table prints each row's own figures (cells spelled from the row, whatever figures this machine produced)
+    for name in ("baseline", "overlay", "aa"):
+        assert table_row(name, TOK_S, results["ratios"][name][TOK_S]).search(out), (name, out)
+
+
+def test_an_interval_too_wide_to_tell_a_tenfold_effect_reads_cannot_resolve():
+    """c=1 TTFT over two pairs can give an interval like [0.01-100]: no figure a reader could use. An interval that
+    cannot tell a 10x effect from none (resolvable over 999%, the table's "±>999%") and clears no side reads
+    "cannot resolve"; one that does clear a side keeps its verdict, however wide."""
+    wide = ratio_summary([0.1, 10.0], higher_is_better=False)
+    assert wide["interval"][0] < 0.01 and wide["interval"][1] > 100 and wide["resolvable"] > 9.99
+    assert wide["verdict"] == "cannot resolve: this interval cannot tell a 10x effect from none"
+    two = ratio_summary([1.0, 1.3], higher_is_better=True)  # wide ([0.2-5.3]), not that wide
+    assert 1 < two["resolvable"] < 9.99 and two["verdict"] == "within noise"
+    clear = ratio_summary([math.exp(4), math.exp(5), math.exp(6)], higher_is_better=True)  # wide, wholly above 1
+    assert clear["resolvable"] > 9.99 and clear["verdict"] == "higher (better)"

@@ -164,3 +164,34 @@ def test_reads_a_bounded_number_of_rows(tmp_path, frequent_ids, monkeypatch):
     sample, searched, hot = head_rows.SAMPLE, head_rows.SEARCHED_ROWS, len(set(frequent_ids))
     assert sum(n for _, _, n, _ in asked) <= sample * (1 + 2 * 3) + searched + 2 * (hot + 3 * searched)
     assert json.dumps(report)  # the report stays JSON
+
+
+def test_a_verdict_that_found_nothing_names_every_reference_compared_the_same_way():
+    """Two drafters, each closest to another of the target's matrices: both lines name the rows compared the same
+    way, every reference in one order (embed_tokens, then lm_head), whichever came closest."""
+    embed, lm_head = (head_rows.Reference(label, f"model.{label}.weight", H) for label in ("embed_tokens", "lm_head"))
+
+    def found(lined_up, z):
+        rows = {"lined_up": lined_up, "of": 64, "own_median": 0.1, "shuffled_mean": 0.0, "shuffled_sd": 0.1,
+                "threshold": 0.5, "not_lined_up": []}
+        return {"rows": rows, "structure": {"r": 0.1, "null_mean": 0.0, "null_sd": 0.1, "z": z, "pairs": 2016}}
+
+    closest_lm_head = head_rows.best_words([(embed, found(1, 0.5)), (lm_head, found(9, 1.0))])
+    closest_embed = head_rows.best_words([(embed, found(9, 1.0)), (lm_head, found(1, 0.5))])
+    for words in (closest_lm_head, closest_embed):
+        names = [part.split("the target's ")[1].split(" rows")[0] for part in words.split("; ")]
+        assert names == ["embed_tokens", "embed_tokens", "lm_head", "lm_head"], words
+    assert closest_lm_head.startswith("1 of 64 line up with the target's embed_tokens rows")
+    assert closest_embed.startswith("9 of 64 line up with the target's embed_tokens rows")
+
+
+def test_a_row_lines_up_only_where_its_own_target_row_also_scores_highest():
+    """The line-up rule has two halves: the own row LINE_UP_Z SDs above the shuffled pairs, and highest of the row.
+    Row 0 clears the first (0.6, far above the shuffled pairs) but scores row 1's target higher (0.8): not lined up."""
+    n = 10
+    theirs = [[1.0 if k == i else 0.0 for k in range(n)] for i in range(n)]
+    mine = [list(row) for row in theirs]
+    mine[0] = [0.6, 0.8] + [0.0] * (n - 2)
+    found = head_rows.row_test(mine, theirs)
+    assert found["threshold"] < 0.6
+    assert (found["lined_up"], found["not_lined_up"]) == (n - 1, [0])

@@ -166,3 +166,32 @@ def test_coverage_below_the_fail_threshold(capsys, tmp_path, pair, tokenizer_jso
     code, report = check(capsys, "--draft", draft, "--target", target)
     coverage = by_name(report)["coverage"]
     assert code == 1 and coverage["status"] == "fail" and coverage["share"] < vocab.COVERAGE_FAIL
+
+
+def test_a_t2d_of_the_wrong_length_is_named(capsys, tmp_path, pair, frequent_ids):
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", frequent_ids)
+    file = draft / "model.safetensors"
+    tensors = raw_tensors(file)
+    marked = set(frequent_ids)
+    tensors["t2d"] = ("BOOL", (TARGET_VOCAB - 1,), st.pack("BOOL", [j in marked for j in range(TARGET_VOCAB - 1)]))
+    st.write_safetensors(file, tensors)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    mapping = by_name(report)["mapping"]
+    assert code == 1 and mapping["status"] == "fail"
+    assert f"t2d has shape [{TARGET_VOCAB - 1}], expected [target vocab {TARGET_VOCAB}]" in mapping["reason"]
+
+
+@pytest.mark.parametrize("shorter", ["mine", "theirs"])
+def test_d2t_maps_of_different_lengths_never_agree_whatever_their_common_part(capsys, tmp_path, pair, frequent_ids,
+                                                                             shorter):
+    """Every position the two maps share agrees, but one map is longer: not "all agree"; the lengths are named."""
+    target, reference = pair
+    short = make_draft(tmp_path / "short", frequent_ids[:-10], draft_vocab=DRAFT_VOCAB - 10)
+    mine, theirs = (short, reference) if shorter == "mine" else (reference, short)
+    code, report = check(capsys, "--draft", mine, "--target", target, "--compare-d2t", theirs)
+    comparison = by_name(report)["comparison"]
+    lengths = ((DRAFT_VOCAB - 10, DRAFT_VOCAB) if shorter == "mine" else (DRAFT_VOCAB, DRAFT_VOCAB - 10))
+    assert comparison["status"] == "fail" and comparison["agree"] == DRAFT_VOCAB - 10
+    assert comparison["reason"].startswith(f"{DRAFT_VOCAB - 10} of {DRAFT_VOCAB} positions agree")
+    assert comparison["reason"].endswith(f"lengths differ: {lengths[0]} vs {lengths[1]}")

@@ -26,7 +26,7 @@ from sglang_pcie.tools.tune_nccl.report import CONTENT_DIGEST, content_digest
 
 from support import REPO
 
-NO_GPU = Topology(detail="no NVIDIA driver or GPU visible")
+NO_GPU = Topology(detail="no NVIDIA driver, or it lists none")
 BOX_A = Topology(["NVIDIA H200"] * 2, nvlink=False, p2p=True, source="nvml", uuids=["GPU-a0", "GPU-a1"])
 BOX_B = Topology(["NVIDIA H200"] * 2, nvlink=False, p2p=True, source="nvml", uuids=["GPU-b0", "GPU-b1"])
 BOX_C = Topology(["NVIDIA H200"] * 2, nvlink=False, p2p=True, source="nvml", uuids=["GPU-c0", "GPU-c1"])

@@ -199,7 +199,7 @@ def test_bad_usage_exits_2_naming_the_value(argv, message, capsys):
     assert code == 2 and message in capsys.readouterr().err
 
 
-NO_GPU = Topology(detail="no NVIDIA driver or GPU visible")
+NO_GPU = Topology(detail="no NVIDIA driver, or it lists none")
 
 
 def test_nccl_backend_needs_the_gpus(fake_worker, monkeypatch, capsys):
@@ -207,10 +207,10 @@ def test_nccl_backend_needs_the_gpus(fake_worker, monkeypatch, capsys):
     monkeypatch.setattr(gpus, "probe_topology", lambda environ=None: NO_GPU)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert tune_nccl_main(["--tp", "2"]) == 2
-    assert capsys.readouterr().err == ("sglang-pcie tune-nccl: error: --tp 2: only 0 GPU(s) visible (no NVIDIA driver "
-                                       "or GPU visible); --dry-run previews without them\n")
+    assert capsys.readouterr().err == ("sglang-pcie tune-nccl: error: --tp 2: only 0 GPU(s) visible (no NVIDIA driver, "
+                                       "or it lists none); --dry-run previews without them\n")
     assert tune_nccl_main([]) == 2
-    assert "0 GPU(s) visible (no NVIDIA driver or GPU visible): an all-reduce needs at least 2 ranks; --dry-run" in (
+    assert "0 GPU(s) visible (no NVIDIA driver, or it lists none): an all-reduce needs at least 2 ranks; --dry-run" in (
         capsys.readouterr().err)
 
 
@@ -223,7 +223,7 @@ def test_dry_run_without_a_gpu_is_a_preview_that_says_so(tp, fake_worker, monkey
     listed = [line.split()[0] for line in captured.out.splitlines()]
     assert listed == [*PROFILES, "pcie-ipc"] and not list(log.iterdir())
     world = tp or 2
-    assert (f"tune-nccl: note: a preview: 0 GPU(s) visible (no NVIDIA driver or GPU visible); showing what would run "
+    assert (f"tune-nccl: note: a preview: 0 GPU(s) visible (no NVIDIA driver, or it lists none); showing what would run "
             f"over {world} ranks" + ("" if tp else " (without --tp: 2 where fewer than 2 GPUs are visible)")
             + f"; a real run needs {world} GPUs\n") in captured.err
     assert f"tune-nccl: {world} ranks on 0 x no GPU" in captured.err and "; would write " in captured.err

@@ -263,3 +263,29 @@ def test_malformed_ipc_figures_are_no_win_in_one_line(figure):
     assert nccl_verdict.ipc_verdict({1: figure if figure != "missing" else None}, {1: 0.03}, [run])["wins"] == {
         1: False}
     assert nccl_verdict.ipc_verdict({1: 18}, {1: 0.03}, [run, "x"])["max_tokens"] is None
+
+
+def test_a_mean_gain_of_exactly_zero_does_not_win():
+    """Faster beyond the noise at one size, slower within the limit at the others, gaining exactly nothing on
+    average (dyadic figures: the mean is 0.0 exactly): "above zero" is not met."""
+    sizes = [1, 2, 4, 8, 16]
+    default = {s: 128.0 for s in sizes}
+    candidate = {1: 120.0, 2: 130.0, 4: 130.0, 8: 130.0, 16: 130.0}  # +6.25% once, -1.5625% four times
+    verdict = choose({"default": [default] * 3, "proto-LL": [candidate] * 2}, PROFILES, sizes)
+    assert verdict.gain["proto-LL"] == 0.0 and verdict.winner == "default"
+    assert verdict.rejected["proto-LL"] == (
+        "slower on average: mean gain +0.0% over 5 sizes (faster beyond the noise only at 1 tok)")
+
+
+def test_the_ipc_verdict_never_asks_less_than_the_noise_floor_and_decides_up_to_the_noise_limit():
+    nccl_us = {1: 100.0, 2: 100.0}
+    # a measured noise below MIN_NOISE (1%): IPC must still beat NCCL by MIN_NOISE (3%), strictly
+    floor = 100.0 * (1 - nccl_verdict.MIN_NOISE)
+    judged = nccl_verdict.ipc_verdict(nccl_us, {1: 0.01, 2: 0.01}, [{1: 98.0, 2: floor - 0.5}])
+    assert judged["wins"] == {1: False, 2: True} and judged["max_tokens"] is None and judged["undecided"] == []
+    assert nccl_verdict.ipc_verdict({1: 100.0}, {1: 0.0}, [{1: floor}])["wins"] == {1: False}  # at it: no win
+    # a noise at MAX_NOISE is still decided (IPC must beat it); just above it, nothing is
+    limit = nccl_verdict.MAX_NOISE
+    assert nccl_verdict.ipc_verdict({1: 100.0}, {1: limit}, [{1: 80.0}])["wins"] == {1: True}
+    above = nccl_verdict.ipc_verdict({1: 100.0}, {1: limit + 1e-9}, [{1: 80.0}])
+    assert above["wins"] == {1: False} and above["undecided"] == [1]
