@@ -22,6 +22,8 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
                                          is_patched)
+from sglang_pcie.patching import baked
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm
 
@@ -29,8 +31,8 @@ MODULE = "sglang.srt.managers.tokenizer_manager"
 CLASS = "TokenizerManager"
 HOOK = accept_alarm.HOOK
 PARAMETERS = ("self", "meta_info", "recv_obj", "i")  # as the wrapper takes them
-DECORATOR = "_sglang_pcie_watch_accept_length"
 COMMENT = f"# {DIFF_MARKER} {accept_alarm.PATCH_ID}"
+DECORATION = baked.decorator(accept_alarm.PATCH_ID)
 
 
 class AcceptLengthAlarm(Patch):
@@ -154,27 +156,18 @@ def _missing_module(tree: SourceTree) -> str:
 # -- the versioned diff
 
 def _add_decorator(tree: SourceTree, own: ast.FunctionDef | None) -> str:
-    """The module's source with the import guard before the class and the decorator above the hook (or, where the
-    class inherits it, a decorated override at the end of the class that calls the inherited method)."""
+    """The module's source with the guard before the class and the decorator above the hook (or, where the class
+    inherits it, a decorated override at the end of the class that calls the inherited method)."""
     cls = tree.find_class(MODULE, CLASS)[1]
-    lines = tree.source(MODULE).splitlines(keepends=True)
-    inserts = [(min([cls.lineno] + [d.lineno for d in cls.decorator_list]) - 1, 0, (
-        f"{COMMENT}: one warning when EAGLE drafts are almost never accepted; identity without sglang-pcie\n"
-        f"try:  {COMMENT}\n"
-        f"    from sglang_pcie.runtime.accept_alarm import watch_accept_length as {DECORATOR}\n"
-        f"except ImportError:  {COMMENT}\n"
-        f"    def {DECORATOR}(function):  {COMMENT}\n"
-        f"        return function\n\n\n"))]
+    edits = SourceEdits(tree.source(MODULE))
+    edits.insert_lines(min([cls.lineno] + [d.lineno for d in cls.decorator_list]),
+                       baked.guard_block(accept_alarm.PATCH_ID) + "\n\n", indent="")
     if own is not None:
-        first = min([own.lineno] + [d.lineno for d in own.decorator_list])
-        indent = lines[own.lineno - 1][:own.col_offset]
-        inserts.append((first - 1, 0, f"{indent}@{DECORATOR}  {COMMENT}\n"))
+        edits.insert_lines(min([own.lineno] + [d.lineno for d in own.decorator_list]), DECORATION)
     else:
-        indent = " " * (cls.col_offset + 4)
-        inserts.append((cls.end_lineno, 1, (
-            f"\n{indent}@{DECORATOR}  {COMMENT}\n"
-            f"{indent}def {HOOK}(self, meta_info, recv_obj, i, *args, **kwargs):  {COMMENT}: the inherited method\n"
-            f"{indent}    return super().{HOOK}(meta_info, recv_obj, i, *args, **kwargs)  {COMMENT}\n")))
-    for index, _, text in sorted(inserts, key=lambda item: (item[0], item[1]), reverse=True):
-        lines.insert(index, text)
-    return "".join(lines)
+        edits.insert_lines(cls.end_lineno + 1, (
+            f"\n{DECORATION}"
+            f"def {HOOK}(self, meta_info, recv_obj, i, *args, **kwargs):  {COMMENT}: the inherited method\n"
+            f"    return super().{HOOK}(meta_info, recv_obj, i, *args, **kwargs)  {COMMENT}\n"),
+            indent=" " * (cls.col_offset + 4))
+    return edits.text()

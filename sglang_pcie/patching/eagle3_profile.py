@@ -14,6 +14,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
+from sglang_pcie.patching import baked
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import eagle_profiler
@@ -36,9 +37,10 @@ MODULE_RELEASES = {V1: ("0.5.8", "0.5.12.post1"), V2: ("0.5.8", None)}
 # What the profiler reads on the cycle's result to count accepted tokens (any one of them, per module); keep in
 # step with sglang_pcie.runtime.eagle_profiler (Profiler._count_tokens).
 RESULT_FIELDS = {V1: eagle_profiler.V1_ACCEPT_FIELDS, V2: ("accept_lens",)}
+PATCH_ID = eagle_profiler.PATCH_ID
 # The name the diff defines at module level; its presence means the source carries the diff.
-DIFF_DECORATOR = "_sglang_pcie_profile_phase"
-COMMENT = f"# {DIFF_MARKER} eagle3-profile"
+DIFF_DECORATOR = baked.guard_name(PATCH_ID)
+COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
 HELPER_DEPTH = 4  # how deep the cycle's own helper methods are followed when looking for the phase calls
 
 
@@ -273,20 +275,14 @@ def _add_decorators(tree: SourceTree, module_name: str, items) -> str:
     """The module's source with the import guard before its first definition and a decorator above each timed
     method (or, for an inherited one, a decorated override in the class that calls the inherited method)."""
     edits = SourceEdits(tree.source(module_name))
-    edits.insert_lines(_guard_line(tree.tree(module_name)) + 1, (
-        f"{COMMENT}: per-phase timers when EAGLE3_PROFILE=1; identity otherwise, or without sglang-pcie\n"
-        f"try:  {COMMENT}\n"
-        f"    from sglang_pcie.runtime.eagle_profiler import profile_phase as {DIFF_DECORATOR}\n"
-        f"except ImportError:  {COMMENT}\n"
-        f"    def {DIFF_DECORATOR}(phase):  {COMMENT}\n"
-        f"        return lambda function: function\n"), indent="")
+    edits.insert_lines(_guard_line(tree.tree(module_name)) + 1, baked.guard_block(PATCH_ID), indent="")
     for cls, method, phase, own in items:
         if own is not None:
             first = min([own.lineno] + [d.lineno for d in own.decorator_list])
-            edits.insert_lines(first, f'@{DIFF_DECORATOR}("{phase}")  {COMMENT}\n')
+            edits.insert_lines(first, baked.decorator(PATCH_ID, phase))
         else:  # inherited: time this class's calls, as the runtime patch does by wrapping it on this class
             edits.insert_lines(cls.end_lineno + 1, (
-                f"\n@{DIFF_DECORATOR}(\"{phase}\")  {COMMENT}\n"
+                f"\n{baked.decorator(PATCH_ID, phase)}"
                 f"def {method}(self, *args, **kwargs):  {COMMENT}: times the inherited method\n"
                 f"    return super().{method}(*args, **kwargs)  {COMMENT}\n"), indent=" " * (cls.col_offset + 4))
     return edits.text()

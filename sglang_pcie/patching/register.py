@@ -38,6 +38,9 @@ class OptIn:
 class Entry:
     id: str
     module: str  # the module defining PATCH
+    # "module:function" a baked diff's guard applies where the patch is on: ``function(original, *args)`` returns
+    # what replaces the decorated original (runtime/baked.py); the runtime install uses the same function.
+    payload: str
     targets: tuple[str, ...]  # modules whose import applies the patch
     releases: str  # covered releases, a version specifier naming the first and the last
     opt_in: OptIn | None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
@@ -78,6 +81,7 @@ REGISTER = (
     Entry(
         id="sm120-allreduce-fusion",
         module="sglang_pcie.patching.sm120_allreduce_fusion",
+        payload="sglang_pcie.runtime.baked:switched_on",
         targets=("sglang.srt.layers.flashinfer_comm_fusion", "sglang.srt.layers.communicator",
                  "sglang.srt.layers.layer_boundary.residual.add_norm"),
         releases=">=0.5.8,<=0.5.23",
@@ -116,6 +120,7 @@ REGISTER = (
     Entry(
         id="eagle3-profile",
         module="sglang_pcie.patching.eagle3_profile",
+        payload="sglang_pcie.runtime.eagle_profiler:wrap",
         targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
                  "sglang.srt.speculative.spec_info"),
         releases=">=0.5.8,<=0.5.23",
@@ -139,6 +144,7 @@ REGISTER = (
     Entry(
         id="drafter-delegation",
         module="sglang_pcie.patching.drafter_delegation",
+        payload="sglang_pcie.runtime.drafter_delegation:wrap",
         targets=("sglang.srt.model_executor.model_runner",),
         releases=">=0.5.8,<=0.5.23",
         opt_in=None,
@@ -168,6 +174,7 @@ REGISTER = (
     Entry(
         id="accept-length-alarm",
         module="sglang_pcie.patching.accept_length_alarm",
+        payload="sglang_pcie.runtime.accept_alarm:wrap",
         targets=("sglang.srt.managers.tokenizer_manager",),
         releases=">=0.5.8,<=0.5.23",
         opt_in=None,
@@ -193,6 +200,7 @@ REGISTER = (
     Entry(
         id="node-agreement",
         module="sglang_pcie.patching.node_agreement",
+        payload="sglang_pcie.runtime.agreement:wrap",
         targets=("sglang.srt.distributed.parallel_state",),
         releases=">=0.5.8,<=0.5.23",
         opt_in=None,

@@ -21,8 +21,9 @@ the same text and puts the changed functions' code into the existing function ob
 modules that imported the gate by name see the change as well.
 
 Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
-(``disabled_reason``), and the text baked into an image by ``apply-diffs`` checks the variable itself, so without it
-every patched function answers, raises and logs as SGLang's own.
+(``disabled_reason``), and the text baked into an image by ``apply-diffs`` asks the same gate through the guard
+every diff binds (``_sglang_pcie_sm120_opted_in`` answers False unless the guard replaces it), so not opted in,
+switched off or without sglang-pcie every patched function answers, raises and logs as SGLang's own.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from types import CodeType, FunctionType, ModuleType
 from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching import baked
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 
@@ -88,17 +90,16 @@ HELPER_BLOCK = '''\
 # SM120 (RTX PRO 6000 Blackwell) joins SM90/SM100 in FlashInfer's all-reduce fusion only when the user opted
 # in (SGLang's own fusion option and SGLANG_PCIE_SM120_FUSION=1) and the fused kernel can run: peer-to-peer
 # access between the GPUs, and a FlashInfer with SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR
-# #3903) and the entry points this release calls. Without SGLANG_PCIE_SM120_FUSION=1 nothing here changes
-# what SGLang does or logs. Decided once per process and the same way on every TP rank (all of them see the
-# same GPUs): a rank that alone fell back to NCCL would hang its peers.
+# #3903) and the entry points this release calls. Not opted in, switched off (SGLANG_PCIE_DISABLE=1,
+# SGLANG_PCIE_DISABLE_PATCHES) or without sglang-pcie, nothing here changes what SGLang does or logs.
+# Decided once per process and the same way on every TP rank (all of them see the same GPUs): a rank that
+# alone fell back to NCCL would hang its peers.
 _SGLANG_PCIE_FLASHINFER_ENTRY_POINTS = __ENTRY_POINTS__
 _sglang_pcie_sm120_fusion = None  # the decision, once made
 
 
-def _sglang_pcie_sm120_opted_in():
-    import os
-
-    return os.environ.get("SGLANG_PCIE_SM120_FUSION", "").strip().lower() in ("1", "true", "yes", "on")
+__OPTED_IN_DECORATOR__def _sglang_pcie_sm120_opted_in():
+    return False  # SGLang's own answer; where the patch is on, its guard answers True instead
 
 
 def _sglang_pcie_is_sm120():
@@ -307,8 +308,10 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     host_tree = fusion_tree if host == FUSION else gate_tree
     entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
     probe_name, probe_body = _sm120_probe(tree)
-    block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
-    edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines), block + "\n\n")
+    block = (HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
+             .replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH_ID)))
+    edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines),
+                             baked.guard_block(PATCH_ID) + "\n\n" + block + "\n\n")
 
     sources = {module: e.text() for module, e in edits.items() if e.changed}
     _plain_functions_only(tree, sources)
@@ -601,15 +604,16 @@ def _install(module: ModuleType, old_source: str, new_source: str) -> Result:
     # New functions take their code from the whole new module too: the compiler's output depends on the module
     # around a function (e.g. `logging.getLogger` compiles differently where `logging` is imported at top level),
     # and the code must be the very code the diffed file compiles to.
+    # A decorated function (the stub the diff's guard replaces) is run as the statement it is, as in the diffed file.
     new_functions = {}
     for node in added:
-        if isinstance(node, ast.FunctionDef):
-            if node.decorator_list or node.args.defaults or node.args.kw_defaults:
+        if isinstance(node, ast.FunctionDef) and not node.decorator_list:
+            if node.args.defaults or node.args.kw_defaults:
                 raise Drift(f"{node.name}: the runtime patch defines plain functions only")
             new_functions[node.name] = _code_of(new_code, node.name)
         elif isinstance(node, ast.ImportFrom) and not hasattr(sys.modules.get(node.module), HELPER):
             raise Drift(f"{node.module} does not define {HELPER} (its patch did not apply)")
-    statements = [node for node in added if not isinstance(node, ast.FunctionDef)]
+    statements = [node for node in added if not (isinstance(node, ast.FunctionDef) and node.name in new_functions)]
     statements_code = compile(ast.Module(body=statements, type_ignores=[]), patched_name, "exec", dont_inherit=True)
     # Nothing fails from here on: define the helper (or import it), then swap the code.
     exec(statements_code, module.__dict__)

@@ -78,9 +78,9 @@ def machine(gpu, opt_in=True, peer=True, sm12x_kernels=None):
         helper_module._sglang_pcie_trtllm_allreduce_majors = lambda spec: [9, 10, 12] if sm12x_kernels else [9, 10]
     torch.cuda.device_count = lambda: 2
     torch.cuda.can_device_access_peer = lambda a, b: peer_queries.append((a, b)) or peer
-    os.environ.pop("SGLANG_PCIE_SM120_FUSION", None)
-    if opt_in:
-        os.environ["SGLANG_PCIE_SM120_FUSION"] = "1"
+    # The opt-in as the diff's guard answered it at import (the runtime's gate): on here, off for a baked diff
+    # whose gate said no.
+    helper_module._sglang_pcie_sm120_opted_in = lambda: opt_in
     facts = dict(is_sm90=gpu == "sm90", is_sm100=gpu == "sm100", is_sm120=gpu == "sm120")
     try:
         from sglang.srt.runtime_context import override_platform
