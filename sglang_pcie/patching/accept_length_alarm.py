@@ -22,7 +22,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
                                          is_patched)
-from sglang_pcie.patching import baked
+from sglang_pcie.patching import baked, register
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm
@@ -150,7 +150,8 @@ def _missing_module(tree: SourceTree) -> str:
                    if re.search(rf"^class {CLASS}\b", p.read_text(encoding="utf-8", errors="replace"), re.M)
                    ) if srt.is_dir() else []
     where = f"; {CLASS} is now defined in {', '.join(moved)}" if moved else ""
-    return f"{MODULE} is missing (every covered release 0.5.8-0.5.23 has it: moved or renamed?){where}"
+    return (f"{MODULE} is missing (every covered release {register.covered_span()} has it: moved or renamed?)"
+            f"{where}")
 
 
 # -- the versioned diff

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
-from sglang_pcie.patching import baked
+from sglang_pcie.patching import baked, register
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import eagle_profiler
@@ -33,7 +33,7 @@ TARGETS = {
 }
 # The covered releases that have each worker module (first, last; None: still there in the newest). Where a
 # release in that span lacks the module, it moved or was renamed: drift, not a release without EAGLE.
-MODULE_RELEASES = {V1: ("0.5.8", "0.5.12.post1"), V2: ("0.5.8", None)}
+MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
 # What the profiler reads on the cycle's result to count accepted tokens (any one of them, per module); keep in
 # step with sglang_pcie.runtime.eagle_profiler (Profiler._count_tokens).
 RESULT_FIELDS = {V1: eagle_profiler.V1_ACCEPT_FIELDS, V2: ("accept_lens",)}
