@@ -21,7 +21,7 @@ from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DISABLED, DRIFTED, 
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.diffs import diff_for
 from sglang_pcie.patching import register, sm120_allreduce_fusion as sm120
-from sglang_pcie.patching import baked
+from sglang_pcie.patching import baked, code_swap
 from sglang_pcie.patching.sm120_allreduce_fusion import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, HELPER_BLOCK, PATCH, PREFLIGHT_SIZES, RESOLVER)
 from sglang_pcie.patching.releases import COVERED_RELEASES, fetch_source
 from sglang_pcie.runtime.settings import load_settings
@@ -55,7 +55,7 @@ def expected_layout(version: str) -> dict:
 def compile_functions(source: str, names: list[str]) -> dict:
     """Code objects of the named top-level functions of ``source``, to be bound to chosen globals."""
     module = compile(source, "<release>", "exec", dont_inherit=True)
-    return {name: sm120._code_of(module, name) for name in names}
+    return {name: code_swap.code_of(module, name) for name in names}
 
 
 def bind(codes: dict, inputs: dict) -> dict:
