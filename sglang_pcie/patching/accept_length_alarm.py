@@ -22,7 +22,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
                                          is_patched)
-from sglang_pcie.patching import baked, register
+from sglang_pcie.patching import baked, register, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm
@@ -63,14 +63,14 @@ class AcceptLengthAlarm(Patch):
         cls = getattr(module, CLASS, None)
         if not inspect.isclass(cls):
             raise Drift(f"{MODULE}.{CLASS} is missing")
-        function = next((c.__dict__[HOOK] for c in cls.__mro__ if HOOK in c.__dict__), None)
+        function = wrapping.member(cls, HOOK)
         if not inspect.isfunction(function):
             raise Drift(f"{CLASS}.{HOOK} is missing or not a plain function")
         if not is_patched(function, self.id):
             parameters = tuple(inspect.signature(function).parameters)[:len(PARAMETERS)]
             if parameters != PARAMETERS:
                 raise Drift(f"{CLASS}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            setattr(cls, HOOK, accept_alarm.wrap(function))  # on the class itself, as the diff decorates it there
+            wrapping.wrap_member(cls, HOOK, accept_alarm.wrap, self.id)  # on the class, as the diff decorates it
         return Result(APPLIED, f"watching {CLASS}.{HOOK}")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

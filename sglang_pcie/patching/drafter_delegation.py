@@ -28,7 +28,7 @@ from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
-from sglang_pcie.patching import baked
+from sglang_pcie.patching import baked, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import drafter_delegation as payload
@@ -425,8 +425,7 @@ class DrafterDelegation(Patch):
             raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
         if not isinstance(getattr(module, "logger", None), logging.Logger):
             raise Drift(f"{module.__name__} has no module-level logger")
-        if not is_patched(load_model, self.id):
-            runner.load_model = payload.wrap(load_model)
+        wrapping.wrap_member(runner, "load_model", payload.wrap, self.id)
         return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

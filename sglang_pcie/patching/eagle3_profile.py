@@ -7,6 +7,7 @@ are which phase in each release, wraps them at import (runtime) or writes the de
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from types import ModuleType
@@ -14,7 +15,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
-from sglang_pcie.patching import baked, register
+from sglang_pcie.patching import baked, register, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import eagle_profiler
@@ -100,13 +101,12 @@ class Eagle3Profile(Patch):
             if not inspect.isclass(cls):
                 raise Drift(f"{module.__name__}.{cls_name} is missing")
             # Defined on the class or inherited (as the static check accepts): wrapped on the class itself.
-            function = next((c.__dict__[method] for c in cls.__mro__ if method in c.__dict__), None)
+            function = wrapping.member(cls, method)
             if not inspect.isfunction(function):
                 raise Drift(f"{cls_name}.{method} is missing or not a plain function")
-            found.append((cls, method, phase, function))
-        for cls, method, phase, function in found:
-            if not is_patched(function, self.id):
-                setattr(cls, method, eagle_profiler.wrap(function, phase))
+            found.append((cls, method, phase))
+        for cls, method, phase in found:
+            wrapping.wrap_member(cls, method, functools.partial(eagle_profiler.wrap, phase=phase), self.id)
         return Result(APPLIED, _describe(module.__name__))
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
@@ -130,8 +130,7 @@ def _flag_untimed_workers(module: ModuleType) -> Result:
     if not inspect.isfunction(create):
         return Result(NOT_APPLICABLE, "no SpeculativeAlgorithm.create_worker: EAGLE workers that are not timed are"
                                       " not flagged")
-    if not is_patched(create, eagle_profiler.PATCH_ID):
-        setattr(algorithm, "create_worker", eagle_profiler.flag_untimed_workers(create))
+    wrapping.wrap_member(algorithm, "create_worker", eagle_profiler.flag_untimed_workers, eagle_profiler.PATCH_ID)
     return Result(APPLIED, "EAGLE-family workers that are not timed warn once at their first cycle")
 
 

@@ -18,7 +18,7 @@ import sys
 from types import FunctionType, ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching import baked
+from sglang_pcie.patching import baked, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, Drift, Patch, Result, is_patched
 from sglang_pcie.patching.source import SourceTree
@@ -184,8 +184,7 @@ class NodeAgreement(Patch):
         problem = agreement.runtime_problem()
         if problem:
             raise Drift(problem)
-        if not is_patched(function, self.id):
-            setattr(module, HOOK, agreement.wrap(function))
+        wrapping.wrap_member(module, HOOK, agreement.wrap, self.id)
         return Result(APPLIED, DETAIL)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
