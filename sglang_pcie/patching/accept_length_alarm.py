@@ -99,7 +99,8 @@ def _inspect(tree: SourceTree):
         return None, [f"class {CLASS} missing from {MODULE}"]
     found = tree.method(MODULE, CLASS, HOOK, concrete=True)
     if found is None:
-        return None, [f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)"]
+        return None, [f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)"
+                      + _now_defined_in(tree)]
     owner_module, owner, function = found
     if isinstance(function, ast.AsyncFunctionDef):
         return None, [f"{CLASS}.{HOOK} is a coroutine function now"]
@@ -124,11 +125,13 @@ def _call_site_problems(tree: SourceTree) -> list[str]:
     (a streamed chunk) would count a request's verifies again at each chunk."""
     module_tree = tree.tree(MODULE)
     parents = {child: node for node in ast.walk(module_tree) for child in ast.iter_child_nodes(node)}
+    # ``self.<hook>(...)``, or through the class: ``TokenizerManager.<hook>(self, ...)`` is the same call.
     calls = [node for node in ast.walk(module_tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == HOOK
-             and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"]
+             and isinstance(node.func.value, ast.Name) and node.func.value.id in ("self", CLASS)]
     if not calls:
-        return [f"{HOOK} is no longer called in {MODULE} (the per-request figures are computed elsewhere)"]
+        return [f"{HOOK} is no longer called in {MODULE} (the per-request figures are computed elsewhere)"
+                + _called_in(tree)]
     return [f"{HOOK} is called outside the finished-request branch (line {call.lineno}): it would count a request "
             "more than once" for call in calls if not _under_finished_branch(call, parents)]
 
@@ -142,6 +145,40 @@ def _under_finished_branch(node: ast.AST, parents: dict) -> bool:
                 return True
         node = parent
     return False
+
+
+def _srt_files(tree: SourceTree, pattern: str) -> list[tuple[str, str]]:
+    """(path relative to the tree, text) of each srt/ file whose text matches ``pattern``."""
+    srt = tree.root / "sglang" / "srt"
+    found = []
+    for path in sorted(srt.rglob("*.py")) if srt.is_dir() else ():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if re.search(pattern, text, re.M):
+            found.append((path.relative_to(tree.root).as_posix(), text))
+    return found
+
+
+def _now_defined_in(tree: SourceTree) -> str:
+    """Where the hook is defined now (file and class), for a detail that says where it went; "" if nowhere."""
+    places = []
+    for rel, text in _srt_files(tree, rf"^\s*(async\s+)?def {HOOK}\("):
+        try:
+            module = ast.parse(text)
+        except SyntaxError:
+            places.append(rel)
+            continue
+        owners = [node.name for node in ast.walk(module) if isinstance(node, ast.ClassDef)
+                  and any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == HOOK
+                          for item in node.body)]
+        places.extend(f"{rel} ({owner})" for owner in owners or ["module level"])
+    return f"; {HOOK} is now defined in {', '.join(places)}" if places else ""
+
+
+def _called_in(tree: SourceTree) -> str:
+    """The other srt/ files that call the hook, for a detail that says where the computation went."""
+    module_path = MODULE.replace(".", "/") + ".py"
+    files = [rel for rel, _ in _srt_files(tree, rf"\.{HOOK}\(") if not rel.endswith(module_path)]
+    return f"; it is called in {', '.join(files)}" if files else ""
 
 
 def _missing_module(tree: SourceTree) -> str:

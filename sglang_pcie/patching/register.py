@@ -212,7 +212,9 @@ REGISTER = (
                         "(called once per finished request of a speculative run) with "
                         "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
         static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
-                       "it reads on recv_obj, every self call of it inside an `if ...finished:` branch"),
+                       "it reads on recv_obj, every call of it (through self or the class) inside an "
+                       "`if ...finished:` branch; where it went when it is gone (the file and class now defining it, "
+                       "the files now calling it)"),
     ),
     Entry(
         id="node-agreement",

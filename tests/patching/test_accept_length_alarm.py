@@ -87,6 +87,38 @@ def test_diff_applies_with_patch_compiles_and_reads_as_applied(pristine_source, 
     assert lines[at - 1] == "    @_sglang_pcie_accept_length_alarm()  # sglang-pcie: accept-length-alarm"
 
 
+def test_a_call_through_the_class_counts_as_a_call(pristine_source, tmp_path):
+    """``TokenizerManager._calculate_spec_decoding_metrics(self, ...)`` is the call ``self.<hook>(...)`` is."""
+    tree = _copy_target(pristine_source("0.5.23"), tmp_path)
+    path = tree.path(MODULE)
+    text = path.read_text()
+    assert text.count(f"self.{HOOK}(meta_info, recv_obj, i)") == 1
+    path.write_text(text.replace(f"self.{HOOK}(meta_info, recv_obj, i)", f"{CLASS}.{HOOK}(self, meta_info, recv_obj, i)"))
+    assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
+
+
+def test_a_hook_moved_into_a_component_class_is_named_where_it_went(pristine_source, tmp_path):
+    """A simulated split of TokenizerManager (as SGLang's scheduler and model runner were split into component
+    classes): the hook's method moves to a component class in its own module, called through an attribute."""
+    tree = _copy_target(pristine_source("0.5.23"), tmp_path)
+    path = tree.path(MODULE)
+    text = path.read_text()
+    method = tree.method(MODULE, CLASS, HOOK)[2]
+    lines = text.splitlines(keepends=True)
+    first = min([method.lineno] + [d.lineno for d in method.decorator_list])
+    body = "".join(lines[first - 1:method.end_lineno])
+    component = tmp_path / "sglang/srt/managers/tokenizer_components/spec_metrics.py"
+    component.parent.mkdir(parents=True)
+    component.write_text("from typing import Any, Dict\n\n\nclass SpecDecodingMetrics:\n" + body)
+    moved = "".join(lines[:first - 1] + lines[method.end_lineno:])
+    path.write_text(moved.replace(f"self.{HOOK}(meta_info, recv_obj, i)",
+                                  f"self.spec_metrics.{HOOK}(meta_info, recv_obj, i)"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result.status == DRIFTED
+    assert (f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?); {HOOK} is now defined in "
+            "sglang/srt/managers/tokenizer_components/spec_metrics.py (SpecDecodingMetrics)") in result.detail
+
+
 def test_a_release_without_the_module_is_drifted_naming_where_the_class_went(pristine_source, tmp_path):
     tree = _copy_target(pristine_source("0.5.23"), tmp_path)
     moved = tmp_path / "sglang/srt/managers/tokenizer/manager.py"
