@@ -112,6 +112,14 @@ def install_wheel(python: Path, wheel: Path) -> None:
         pytest.fail(f"installing {wheel.name} into {python} failed\n{output_tails(proc)}", pytrace=False)
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that runs code in a real SGLang install (``sglang_env``, or its python: ``torch_python``) is
+    marked ``release``: ``pytest -m "not release"`` is the loop without them; CI runs everything."""
+    for item in items:
+        if {"sglang_env", "torch_python"} & set(getattr(item, "fixturenames", ())):  # torch_python: 0.5.9's python
+            item.add_marker(pytest.mark.release)
+
+
 @pytest.fixture(autouse=True)
 def hermetic_environment(monkeypatch, tmp_path_factory):
     """No overlay, EAGLE3, NCCL or fake-server variable of the developer's shell reaches a test, nor their tuned

@@ -22,6 +22,8 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
                                          is_patched)
+from sglang_pcie.patching import baked, register, wrapping
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm
 
@@ -29,8 +31,8 @@ MODULE = "sglang.srt.managers.tokenizer_manager"
 CLASS = "TokenizerManager"
 HOOK = accept_alarm.HOOK
 PARAMETERS = ("self", "meta_info", "recv_obj", "i")  # as the wrapper takes them
-DECORATOR = "_sglang_pcie_watch_accept_length"
 COMMENT = f"# {DIFF_MARKER} {accept_alarm.PATCH_ID}"
+DECORATION = baked.decorator(accept_alarm.PATCH_ID)
 
 
 class AcceptLengthAlarm(Patch):
@@ -61,14 +63,14 @@ class AcceptLengthAlarm(Patch):
         cls = getattr(module, CLASS, None)
         if not inspect.isclass(cls):
             raise Drift(f"{MODULE}.{CLASS} is missing")
-        function = next((c.__dict__[HOOK] for c in cls.__mro__ if HOOK in c.__dict__), None)
+        function = wrapping.member(cls, HOOK)
         if not inspect.isfunction(function):
             raise Drift(f"{CLASS}.{HOOK} is missing or not a plain function")
         if not is_patched(function, self.id):
             parameters = tuple(inspect.signature(function).parameters)[:len(PARAMETERS)]
             if parameters != PARAMETERS:
                 raise Drift(f"{CLASS}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            setattr(cls, HOOK, accept_alarm.wrap(function))  # on the class itself, as the diff decorates it there
+            wrapping.wrap_member(cls, HOOK, accept_alarm.wrap, self.id)  # on the class, as the diff decorates it
         return Result(APPLIED, f"watching {CLASS}.{HOOK}")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
@@ -97,7 +99,8 @@ def _inspect(tree: SourceTree):
         return None, [f"class {CLASS} missing from {MODULE}"]
     found = tree.method(MODULE, CLASS, HOOK, concrete=True)
     if found is None:
-        return None, [f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)"]
+        return None, [f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)"
+                      + _now_defined_in(tree)]
     owner_module, owner, function = found
     if isinstance(function, ast.AsyncFunctionDef):
         return None, [f"{CLASS}.{HOOK} is a coroutine function now"]
@@ -122,11 +125,13 @@ def _call_site_problems(tree: SourceTree) -> list[str]:
     (a streamed chunk) would count a request's verifies again at each chunk."""
     module_tree = tree.tree(MODULE)
     parents = {child: node for node in ast.walk(module_tree) for child in ast.iter_child_nodes(node)}
+    # ``self.<hook>(...)``, or through the class: ``TokenizerManager.<hook>(self, ...)`` is the same call.
     calls = [node for node in ast.walk(module_tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == HOOK
-             and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"]
+             and isinstance(node.func.value, ast.Name) and node.func.value.id in ("self", CLASS)]
     if not calls:
-        return [f"{HOOK} is no longer called in {MODULE} (the per-request figures are computed elsewhere)"]
+        return [f"{HOOK} is no longer called in {MODULE} (the per-request figures are computed elsewhere)"
+                + _called_in(tree)]
     return [f"{HOOK} is called outside the finished-request branch (line {call.lineno}): it would count a request "
             "more than once" for call in calls if not _under_finished_branch(call, parents)]
 
@@ -142,39 +147,65 @@ def _under_finished_branch(node: ast.AST, parents: dict) -> bool:
     return False
 
 
+def _srt_files(tree: SourceTree, pattern: str) -> list[tuple[str, str]]:
+    """(path relative to the tree, text) of each srt/ file whose text matches ``pattern``."""
+    srt = tree.root / "sglang" / "srt"
+    found = []
+    for path in sorted(srt.rglob("*.py")) if srt.is_dir() else ():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if re.search(pattern, text, re.M):
+            found.append((path.relative_to(tree.root).as_posix(), text))
+    return found
+
+
+def _now_defined_in(tree: SourceTree) -> str:
+    """Where the hook is defined now (file and class), for a detail that says where it went; "" if nowhere."""
+    places = []
+    for rel, text in _srt_files(tree, rf"^\s*(async\s+)?def {HOOK}\("):
+        try:
+            module = ast.parse(text)
+        except SyntaxError:
+            places.append(rel)
+            continue
+        owners = [node.name for node in ast.walk(module) if isinstance(node, ast.ClassDef)
+                  and any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == HOOK
+                          for item in node.body)]
+        places.extend(f"{rel} ({owner})" for owner in owners or ["module level"])
+    return f"; {HOOK} is now defined in {', '.join(places)}" if places else ""
+
+
+def _called_in(tree: SourceTree) -> str:
+    """The other srt/ files that call the hook, for a detail that says where the computation went."""
+    module_path = MODULE.replace(".", "/") + ".py"
+    files = [rel for rel, _ in _srt_files(tree, rf"\.{HOOK}\(") if not rel.endswith(module_path)]
+    return f"; it is called in {', '.join(files)}" if files else ""
+
+
 def _missing_module(tree: SourceTree) -> str:
     srt = tree.root / "sglang" / "srt"
     moved = sorted(p.relative_to(tree.root).as_posix() for p in srt.rglob("*.py")
                    if re.search(rf"^class {CLASS}\b", p.read_text(encoding="utf-8", errors="replace"), re.M)
                    ) if srt.is_dir() else []
     where = f"; {CLASS} is now defined in {', '.join(moved)}" if moved else ""
-    return f"{MODULE} is missing (every covered release 0.5.8-0.5.23 has it: moved or renamed?){where}"
+    return (f"{MODULE} is missing (every covered release {register.covered_span()} has it: moved or renamed?)"
+            f"{where}")
 
 
 # -- the versioned diff
 
 def _add_decorator(tree: SourceTree, own: ast.FunctionDef | None) -> str:
-    """The module's source with the import guard before the class and the decorator above the hook (or, where the
-    class inherits it, a decorated override at the end of the class that calls the inherited method)."""
+    """The module's source with the guard before the class and the decorator above the hook (or, where the class
+    inherits it, a decorated override at the end of the class that calls the inherited method)."""
     cls = tree.find_class(MODULE, CLASS)[1]
-    lines = tree.source(MODULE).splitlines(keepends=True)
-    inserts = [(min([cls.lineno] + [d.lineno for d in cls.decorator_list]) - 1, 0, (
-        f"{COMMENT}: one warning when EAGLE drafts are almost never accepted; identity without sglang-pcie\n"
-        f"try:  {COMMENT}\n"
-        f"    from sglang_pcie.runtime.accept_alarm import watch_accept_length as {DECORATOR}\n"
-        f"except ImportError:  {COMMENT}\n"
-        f"    def {DECORATOR}(function):  {COMMENT}\n"
-        f"        return function\n\n\n"))]
+    edits = SourceEdits(tree.source(MODULE))
+    edits.insert_lines(min([cls.lineno] + [d.lineno for d in cls.decorator_list]),
+                       baked.guard_block(accept_alarm.PATCH_ID) + "\n\n", indent="")
     if own is not None:
-        first = min([own.lineno] + [d.lineno for d in own.decorator_list])
-        indent = lines[own.lineno - 1][:own.col_offset]
-        inserts.append((first - 1, 0, f"{indent}@{DECORATOR}  {COMMENT}\n"))
+        edits.insert_lines(min([own.lineno] + [d.lineno for d in own.decorator_list]), DECORATION)
     else:
-        indent = " " * (cls.col_offset + 4)
-        inserts.append((cls.end_lineno, 1, (
-            f"\n{indent}@{DECORATOR}  {COMMENT}\n"
-            f"{indent}def {HOOK}(self, meta_info, recv_obj, i, *args, **kwargs):  {COMMENT}: the inherited method\n"
-            f"{indent}    return super().{HOOK}(meta_info, recv_obj, i, *args, **kwargs)  {COMMENT}\n")))
-    for index, _, text in sorted(inserts, key=lambda item: (item[0], item[1]), reverse=True):
-        lines.insert(index, text)
-    return "".join(lines)
+        edits.insert_lines(cls.end_lineno + 1, (
+            f"\n{DECORATION}"
+            f"def {HOOK}(self, meta_info, recv_obj, i, *args, **kwargs):  {COMMENT}: the inherited method\n"
+            f"    return super().{HOOK}(meta_info, recv_obj, i, *args, **kwargs)  {COMMENT}\n"),
+            indent=" " * (cls.col_offset + 4))
+    return edits.text()

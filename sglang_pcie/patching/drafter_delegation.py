@@ -13,24 +13,27 @@ captured hidden states reach the logits), gains methods forwarding to it.  The f
 naming the class and the inner model.  Anything else (no such language model, the forward runs only its backbone)
 is left to SGLang's own error.
 
-The wrapper is ``HELPER_SOURCE``, compiled at runtime and inserted as source by the versioned diffs: one text.
-The static check reads the model runner for every name that text relies on, the EAGLE workers for the methods
-they call on the target, and ``srt/models`` for the classes that would gain methods if served.
+The wrapper is ``sglang_pcie.runtime.drafter_delegation.wrap``: installed at runtime, and applied by the versioned
+diffs' guard (the one every diff binds) applied to ``load_model`` after the class.  The static check reads the model runner for every
+name the wrapper relies on, the EAGLE workers for the methods they call on the target, and ``srt/models`` for the
+classes that would gain methods if served.
 """
 from __future__ import annotations
 
 import ast
-import linecache
 import logging
 import re
 from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
+from sglang_pcie.patching import baked, wrapping
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.runtime import drafter_delegation as payload
 
-PATCH_ID = "drafter-delegation"
+PATCH_ID = payload.PATCH_ID
 MODELS = "sglang.srt.models"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 RUNNER_CLASS = "ModelRunner"
@@ -38,14 +41,12 @@ KIMI_MODULE = f"{MODELS}.kimi_k25"
 KIMI_CLASS = "KimiK25ForConditionalGeneration"
 
 # What EAGLE asks of a target model (read off the workers, model runners and graph runners of 0.5.8-0.5.23):
-DELEGATED_METHODS = (
-    "set_eagle3_layers_to_capture",  # model runner and CUDA-graph runner, for the target only
-    "get_embed_and_head",  # every EAGLE worker (through pp_draft_embedding from 0.5.21)
-    "set_embed_and_head",  # the setter of the pair; upstream's Kimi-K2.5 wrapper forwards it too
-    "get_embed_and_head_for_draft",  # pp_draft_embedding probes it first (0.5.22 and later)
-)
+# set_eagle3_layers_to_capture (model runner and CUDA-graph runner, for the target only), get_embed_and_head (every
+# EAGLE worker, through pp_draft_embedding from 0.5.21), set_embed_and_head (the setter of the pair; upstream's
+# Kimi-K2.5 wrapper forwards it too), get_embed_and_head_for_draft (pp_draft_embedding probes it first, 0.5.22+).
+DELEGATED_METHODS = payload.METHODS
 # A language model offering both is EAGLE-3-capable; a backbone (``FooModel``) has no LM head to share.
-CAPABLE = ("set_eagle3_layers_to_capture", "get_embed_and_head")
+CAPABLE = payload.CAPABLE
 # nn.Module's own methods: every wrapper has them, so the workers may call them freely.
 MODULE_API = frozenset({
     "apply", "buffers", "children", "cpu", "cuda", "eval", "forward", "load_state_dict", "modules", "named_buffers",
@@ -53,49 +54,9 @@ MODULE_API = frozenset({
 })
 MARKER = f"{DIFF_MARKER} {PATCH_ID}"
 
-HELPER_NAME = "_sglang_pcie_delegate_eagle_methods"
-# The wrapper of ModelRunner.load_model: compiled at runtime, inserted after the class by the versioned diffs.
-# It relies on: the module's ``logger``; ModelRunner's ``model``, ``is_draft_worker``, ``spec_algorithm``
-# (``is_eagle()``); nn.Module's ``named_children``.  check_source checks each of them.
-HELPER_SOURCE = f'''\
-# {MARKER}: an EAGLE target class lacking EAGLE's methods forwards them to its language model
-def {HELPER_NAME}(load_model):
-    import ast, functools, inspect, textwrap
-    capable = ("set_eagle3_layers_to_capture", "get_embed_and_head")  # what a language model has, and EAGLE asks
-    methods = capable + ("set_embed_and_head", "get_embed_and_head_for_draft")
-
-    def forwarding(cls, name, method, added, logged):
-        def forwarded(self, *args, **kwargs):
-            if not logged:
-                logged.append(method)
-                logger.warning("sglang-pcie {PATCH_ID}: %s lacks %s; forwarding to its %s (%s)",
-                               cls.__name__, ", ".join(added), name, type(getattr(self, name)).__name__)
-            return getattr(getattr(self, name), method)(*args, **kwargs)
-        forwarded.__qualname__, forwarded.__sglang_pcie_patch__ = f"{{cls.__qualname__}}.{{method}}", "{PATCH_ID}"
-        return forwarded
-
-    @functools.wraps(load_model)
-    def load_model_then_delegate(self, *args, **kwargs):
-        result = load_model(self, *args, **kwargs)
-        cls = type(self.model)
-        if self.is_draft_worker or not self.spec_algorithm.is_eagle() or all(hasattr(cls, m) for m in capable):
-            return result
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-        except (OSError, TypeError, SyntaxError):  # no source to read: SGLang's own error stands
-            return result
-        handed = {{ast.unparse(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
-                  for node in (call.func, *call.args, *(k.value for k in call.keywords))}}
-        held = [(name, child) for name, child in self.model.named_children()
-                if all(hasattr(child, m) for m in capable) and {{f"self.{{name}}", f"self.{{name}}.forward"}} & handed]
-        for name, inner in held if len(held) == 1 else ():  # one language model: its hidden states reach the logits
-            added, logged = [m for m in methods if not hasattr(cls, m) and hasattr(inner, m)], []
-            for method in added:
-                setattr(cls, method, forwarding(cls, name, method, added, logged))
-        return result
-    return load_model_then_delegate
-'''
-INSTALL_LINE = f"{RUNNER_CLASS}.load_model = {HELPER_NAME}({RUNNER_CLASS}.load_model)\n"
+DECORATOR = baked.guard_name(PATCH_ID)  # defined at module level by the diff
+GUARD = baked.guard_block(PATCH_ID) + "\n\n"
+INSTALL_LINE = baked.rebinding(PATCH_ID, "ModelRunner.load_model")
 
 
 @dataclass(frozen=True)
@@ -331,7 +292,7 @@ def _worker_problem(called: set[str], probed: set[str]) -> str | None:
     return None
 
 
-# -- static: the model runner, and every name HELPER_SOURCE relies on
+# -- static: the model runner, and every name the wrapper (runtime/drafter_delegation.py) relies on
 
 def _runner_class(tree: SourceTree) -> ast.ClassDef | None:
     module = tree.tree(MODEL_RUNNER)
@@ -400,11 +361,13 @@ def hook_problems(tree: SourceTree) -> list[str]:
     return problems
 
 
-def _insert_after_class(text: str, cls: ast.ClassDef) -> str:
-    lines = text.splitlines(keepends=True)
-    block = "\n\n" + HELPER_SOURCE + "\n\n" + INSTALL_LINE
-    lines[cls.end_lineno:cls.end_lineno] = [block]  # the blank lines that followed the class still follow
-    return "".join(lines)
+def _guard_load_model(tree: SourceTree) -> str:
+    """model_runner's source with the guard, applied to ``ModelRunner.load_model``, right after the class (a hunk
+    whose context is the class's last lines, not ``def load_model``, which changes more often)."""
+    cls = _runner_class(tree)
+    edits = SourceEdits(tree.source(MODEL_RUNNER))
+    edits.insert_lines(cls.end_lineno + 1, "\n\n" + GUARD + INSTALL_LINE, indent="")
+    return edits.text()
 
 
 class DrafterDelegation(Patch):
@@ -418,13 +381,13 @@ class DrafterDelegation(Patch):
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
         if self.check_source(tree).status != APPLICABLE:
             return {}
-        return {MODEL_RUNNER: _insert_after_class(tree.source(MODEL_RUNNER), _runner_class(tree))}
+        return {MODEL_RUNNER: _guard_load_model(tree)}
 
     def _assess(self, tree: SourceTree) -> tuple[Result, list[Wrapper]]:
         """check_source's result, with the classes that would gain methods."""
         runner = tree.source(MODEL_RUNNER)
         if runner is not None and MARKER in runner:
-            complete = HELPER_SOURCE in runner and INSTALL_LINE in runner
+            complete = runner.count(GUARD) == 1 and runner.count(INSTALL_LINE) == 1
             return (Result(APPLIED, "source carries the sglang-pcie diff") if complete else
                     Result(DRIFTED, "model_runner carries part of the sglang-pcie diff, or another version's "
                                     "(reverse it with the sglang-pcie that applied it)")), []
@@ -462,28 +425,18 @@ class DrafterDelegation(Patch):
             raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
         if not isinstance(getattr(module, "logger", None), logging.Logger):
             raise Drift(f"{module.__name__} has no module-level logger")
-        if not is_patched(load_model, self.id):
-            runner.load_model = mark(compile_helper(module)(load_model), self.id)
+        wrapping.wrap_member(runner, "load_model", payload.wrap, self.id)
         return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         module = modules.get(MODEL_RUNNER)
         if module is None:
             return Result(ERROR, f"{MODEL_RUNNER} did not import")
-        if hasattr(module, HELPER_NAME):
+        if hasattr(module, DECORATOR):
             return Result(APPLIED, "source carries the sglang-pcie diff")
         if is_patched(vars(getattr(module, RUNNER_CLASS, object)).get("load_model"), self.id):
             return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
         return Result(ERROR, "ModelRunner.load_model is not wrapped")
-
-
-def compile_helper(module: ModuleType) -> Callable:
-    """HELPER_SOURCE compiled against ``module``'s logger (its source is kept for tracebacks and inspect)."""
-    filename = f"<{PATCH_ID} {module.__name__}>"
-    linecache.cache[filename] = (len(HELPER_SOURCE), None, HELPER_SOURCE.splitlines(True), filename)
-    namespace = {"__name__": module.__name__, "logger": module.logger}
-    exec(compile(HELPER_SOURCE, filename, "exec"), namespace)
-    return namespace[HELPER_NAME]
 
 
 PATCH = DrafterDelegation()

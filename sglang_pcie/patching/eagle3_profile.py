@@ -7,6 +7,7 @@ are which phase in each release, wraps them at import (runtime) or writes the de
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from types import ModuleType
@@ -14,6 +15,7 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
+from sglang_pcie.patching import baked, register, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import eagle_profiler
@@ -32,13 +34,14 @@ TARGETS = {
 }
 # The covered releases that have each worker module (first, last; None: still there in the newest). Where a
 # release in that span lacks the module, it moved or was renamed: drift, not a release without EAGLE.
-MODULE_RELEASES = {V1: ("0.5.8", "0.5.12.post1"), V2: ("0.5.8", None)}
+MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
 # What the profiler reads on the cycle's result to count accepted tokens (any one of them, per module); keep in
 # step with sglang_pcie.runtime.eagle_profiler (Profiler._count_tokens).
 RESULT_FIELDS = {V1: eagle_profiler.V1_ACCEPT_FIELDS, V2: ("accept_lens",)}
+PATCH_ID = eagle_profiler.PATCH_ID
 # The name the diff defines at module level; its presence means the source carries the diff.
-DIFF_DECORATOR = "_sglang_pcie_profile_phase"
-COMMENT = f"# {DIFF_MARKER} eagle3-profile"
+DIFF_DECORATOR = baked.guard_name(PATCH_ID)
+COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
 HELPER_DEPTH = 4  # how deep the cycle's own helper methods are followed when looking for the phase calls
 
 
@@ -98,13 +101,12 @@ class Eagle3Profile(Patch):
             if not inspect.isclass(cls):
                 raise Drift(f"{module.__name__}.{cls_name} is missing")
             # Defined on the class or inherited (as the static check accepts): wrapped on the class itself.
-            function = next((c.__dict__[method] for c in cls.__mro__ if method in c.__dict__), None)
+            function = wrapping.member(cls, method)
             if not inspect.isfunction(function):
                 raise Drift(f"{cls_name}.{method} is missing or not a plain function")
-            found.append((cls, method, phase, function))
-        for cls, method, phase, function in found:
-            if not is_patched(function, self.id):
-                setattr(cls, method, eagle_profiler.wrap(function, phase))
+            found.append((cls, method, phase))
+        for cls, method, phase in found:
+            wrapping.wrap_member(cls, method, functools.partial(eagle_profiler.wrap, phase=phase), self.id)
         return Result(APPLIED, _describe(module.__name__))
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
@@ -128,8 +130,7 @@ def _flag_untimed_workers(module: ModuleType) -> Result:
     if not inspect.isfunction(create):
         return Result(NOT_APPLICABLE, "no SpeculativeAlgorithm.create_worker: EAGLE workers that are not timed are"
                                       " not flagged")
-    if not is_patched(create, eagle_profiler.PATCH_ID):
-        setattr(algorithm, "create_worker", eagle_profiler.flag_untimed_workers(create))
+    wrapping.wrap_member(algorithm, "create_worker", eagle_profiler.flag_untimed_workers, eagle_profiler.PATCH_ID)
     return Result(APPLIED, "EAGLE-family workers that are not timed warn once at their first cycle")
 
 
@@ -273,20 +274,14 @@ def _add_decorators(tree: SourceTree, module_name: str, items) -> str:
     """The module's source with the import guard before its first definition and a decorator above each timed
     method (or, for an inherited one, a decorated override in the class that calls the inherited method)."""
     edits = SourceEdits(tree.source(module_name))
-    edits.insert_lines(_guard_line(tree.tree(module_name)) + 1, (
-        f"{COMMENT}: per-phase timers when EAGLE3_PROFILE=1; identity otherwise, or without sglang-pcie\n"
-        f"try:  {COMMENT}\n"
-        f"    from sglang_pcie.runtime.eagle_profiler import profile_phase as {DIFF_DECORATOR}\n"
-        f"except ImportError:  {COMMENT}\n"
-        f"    def {DIFF_DECORATOR}(phase):  {COMMENT}\n"
-        f"        return lambda function: function\n"), indent="")
+    edits.insert_lines(_guard_line(tree.tree(module_name)) + 1, baked.guard_block(PATCH_ID), indent="")
     for cls, method, phase, own in items:
         if own is not None:
             first = min([own.lineno] + [d.lineno for d in own.decorator_list])
-            edits.insert_lines(first, f'@{DIFF_DECORATOR}("{phase}")  {COMMENT}\n')
+            edits.insert_lines(first, baked.decorator(PATCH_ID, phase))
         else:  # inherited: time this class's calls, as the runtime patch does by wrapping it on this class
             edits.insert_lines(cls.end_lineno + 1, (
-                f"\n@{DIFF_DECORATOR}(\"{phase}\")  {COMMENT}\n"
+                f"\n{baked.decorator(PATCH_ID, phase)}"
                 f"def {method}(self, *args, **kwargs):  {COMMENT}: times the inherited method\n"
                 f"    return super().{method}(*args, **kwargs)  {COMMENT}\n"), indent=" " * (cls.col_offset + 4))
     return edits.text()

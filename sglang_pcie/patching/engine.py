@@ -115,7 +115,7 @@ def get_patch(patch_id: str) -> Patch:
 
 
 def release_bounds(patch: Patch) -> tuple[str, str]:
-    """The first and last release a patch covers, from its ``releases`` specifier (``>=0.5.8,<=0.5.23``)."""
+    """The first and last release a patch covers, from its ``releases`` specifier (``>=FIRST,<=LAST``)."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 

@@ -18,6 +18,7 @@ import sys
 from types import FunctionType, ModuleType
 from typing import Mapping
 
+from sglang_pcie.patching import baked, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, Drift, Patch, Result, is_patched
 from sglang_pcie.patching.source import SourceTree
@@ -30,14 +31,9 @@ HOOK = "init_distributed_environment"
 NEXT = "initialize_model_parallel"  # what every caller runs next: the first NCCL collective is in there
 WORLD_BUILDER = "init_world_group"
 MARKER = f"{DIFF_MARKER} {PATCH_ID}"
-DECORATOR = "_sglang_pcie_agreeing"
-GUARD = (f"# {MARKER}: every node's NCCL settings compared at start; identity without sglang-pcie\n"
-         f"try:  # {MARKER}\n"
-         f"    from sglang_pcie.runtime.agreement import agreeing as {DECORATOR}\n"
-         f"except ImportError:  # {MARKER}\n"
-         f"    def {DECORATOR}(function):  # {MARKER}\n"
-         f"        return function\n\n\n")
-DECORATION = f"@{DECORATOR}  # {MARKER}\n"
+DECORATOR = baked.guard_name(PATCH_ID)  # defined at module level by the diff
+GUARD = baked.guard_block(PATCH_ID) + "\n\n"
+DECORATION = baked.decorator(PATCH_ID)
 # torch.distributed's collectives and the eager communicator switch: none may run before the comparison.
 COLLECTIVES = frozenset({
     "all_reduce", "broadcast", "barrier", "monitored_barrier", "all_gather", "all_gather_into_tensor",
@@ -156,7 +152,7 @@ class NodeAgreement(Patch):
                                    "it: moved or renamed?)")
         if MARKER in source:
             hook = tree.function(PARALLEL_STATE, HOOK)
-            decorated = hook is not None and [_dotted(d) for d in hook.decorator_list][:1] == [DECORATOR]
+            decorated = hook is not None and [ast.unparse(d) for d in hook.decorator_list][:1] == [baked.decorator_call(PATCH_ID)]
             if decorated and source.count(GUARD + DECORATION) == 1:
                 return Result(APPLIED, "source carries the sglang-pcie diff")
             return Result(DRIFTED, "parallel_state carries part of the sglang-pcie diff, or another version's "
@@ -188,8 +184,7 @@ class NodeAgreement(Patch):
         problem = agreement.runtime_problem()
         if problem:
             raise Drift(problem)
-        if not is_patched(function, self.id):
-            setattr(module, HOOK, agreement.wrap(function))
+        wrapping.wrap_member(module, HOOK, agreement.wrap, self.id)
         return Result(APPLIED, DETAIL)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

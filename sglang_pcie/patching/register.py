@@ -38,6 +38,9 @@ class OptIn:
 class Entry:
     id: str
     module: str  # the module defining PATCH
+    # "module:function" a baked diff's guard applies where the patch is on: ``function(original, *args)`` returns
+    # what replaces the decorated original (runtime/baked.py); the runtime install uses the same function.
+    payload: str
     targets: tuple[str, ...]  # modules whose import applies the patch
     releases: str  # covered releases, a version specifier naming the first and the last
     opt_in: OptIn | None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
@@ -56,6 +59,23 @@ class Entry:
 
     def upstream_text(self) -> str:
         return "; ".join([ref.text() for ref in self.upstream] + ([self.upstream_note] if self.upstream_note else []))
+
+
+# The SGLang releases every patch is checked and tested against, oldest first: the one place they are listed.
+# Adding a release is one line here, then the generated files: ci/prepare-release-diffs NEW (the diffs, or what
+# needs a human), ci/generate-diffs, ci/generate-docs, ci/check-sglang-releases ... --markdown-out COMPATIBILITY.md.
+COVERED_RELEASES = (
+    "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
+    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+# A patch's ``releases`` where it covers them all (a patch written for fewer names its own first and last).
+COVERED = f">={COVERED_RELEASES[0]},<={COVERED_RELEASES[-1]}"
+
+
+def covered_span() -> str:
+    """The covered releases as people read them: ``0.5.8-0.5.23``."""
+    return f"{COVERED_RELEASES[0]}-{COVERED_RELEASES[-1]}"
 
 
 DISABLE_PATCHES_REASON = "listed in SGLANG_PCIE_DISABLE_PATCHES"
@@ -78,9 +98,10 @@ REGISTER = (
     Entry(
         id="sm120-allreduce-fusion",
         module="sglang_pcie.patching.sm120_allreduce_fusion",
+        payload="sglang_pcie.runtime.baked:switched_on",
         targets=("sglang.srt.layers.flashinfer_comm_fusion", "sglang.srt.layers.communicator",
                  "sglang.srt.layers.layer_boundary.residual.add_norm"),
-        releases=">=0.5.8,<=0.5.23",
+        releases=COVERED,
         opt_in=OptIn("sm120_fusion", "SGLANG_PCIE_SM120_FUSION", "opt-in: set SGLANG_PCIE_SM120_FUSION=1"),
         summary=("FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in): the gate, the backend "
                  "resolver and the workspace preflight admit SM120 where it can run"),
@@ -116,9 +137,10 @@ REGISTER = (
     Entry(
         id="eagle3-profile",
         module="sglang_pcie.patching.eagle3_profile",
+        payload="sglang_pcie.runtime.eagle_profiler:wrap",
         targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
                  "sglang.srt.speculative.spec_info"),
-        releases=">=0.5.8,<=0.5.23",
+        releases=COVERED,
         opt_in=OptIn("eagle3_profile", "EAGLE3_PROFILE", "EAGLE3_PROFILE is not set to 1"),
         summary="EAGLE3_PROFILE=1: per-phase timers (draft, verify, re-extend, cycle) for SGLang's EAGLE workers",
         why=("A per-phase breakdown of one speculative cycle (draft 0.89 ms, verify 18.67 ms, re-extend 0.28 ms) "
@@ -139,8 +161,9 @@ REGISTER = (
     Entry(
         id="drafter-delegation",
         module="sglang_pcie.patching.drafter_delegation",
+        payload="sglang_pcie.runtime.drafter_delegation:wrap",
         targets=("sglang.srt.model_executor.model_runner",),
-        releases=">=0.5.8,<=0.5.23",
+        releases=COVERED,
         opt_in=None,
         summary=("EAGLE-3 drafters on wrapper target models (Kimi-K2.5 on 0.5.9 and more): forward the EAGLE-3 "
                  "methods"),
@@ -168,8 +191,9 @@ REGISTER = (
     Entry(
         id="accept-length-alarm",
         module="sglang_pcie.patching.accept_length_alarm",
+        payload="sglang_pcie.runtime.accept_alarm:wrap",
         targets=("sglang.srt.managers.tokenizer_manager",),
-        releases=">=0.5.8,<=0.5.23",
+        releases=COVERED,
         opt_in=None,
         summary=("EAGLE runs: one warning per server (and a Prometheus gauge) when the drafter's drafts are almost "
                  "never accepted, naming the likely causes and the check-drafter command"),
@@ -188,13 +212,16 @@ REGISTER = (
                         "(called once per finished request of a speculative run) with "
                         "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
         static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
-                       "it reads on recv_obj, every self call of it inside an `if ...finished:` branch"),
+                       "it reads on recv_obj, every call of it (through self or the class) inside an "
+                       "`if ...finished:` branch; where it went when it is gone (the file and class now defining it, "
+                       "the files now calling it)"),
     ),
     Entry(
         id="node-agreement",
         module="sglang_pcie.patching.node_agreement",
+        payload="sglang_pcie.runtime.agreement:wrap",
         targets=("sglang.srt.distributed.parallel_state",),
-        releases=">=0.5.8,<=0.5.23",
+        releases=COVERED,
         opt_in=None,
         summary=("multi-node servers: every node's NCCL and all-reduce-path settings compared once at start, before "
                  "NCCL's first collective; differing nodes named (SGLANG_PCIE_STRICT=1: the start stops)"),

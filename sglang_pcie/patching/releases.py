@@ -13,12 +13,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
-# The releases every patch is tested against (patches/<release>/ holds their diffs).
-COVERED_RELEASES = (
-    "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
-    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
-    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
-)
+from sglang_pcie.patching.register import COVERED_RELEASES  # noqa: F401  (listed once, in the register)
+
 INDEX_URL = os.environ.get("SGLANG_PCIE_INDEX_URL", "https://pypi.org/simple")
 
 

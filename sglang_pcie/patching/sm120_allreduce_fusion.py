@@ -21,22 +21,22 @@ the same text and puts the changed functions' code into the existing function ob
 modules that imported the gate by name see the change as well.
 
 Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
-(``disabled_reason``), and the text baked into an image by ``apply-diffs`` checks the variable itself, so without it
-every patched function answers, raises and logs as SGLang's own.
+(``disabled_reason``), and the text baked into an image by ``apply-diffs`` asks the same gate through the guard
+every diff binds (``_sglang_pcie_sm120_opted_in`` answers False unless the guard replaces it), so not opted in,
+switched off or without sglang-pcie every patched function answers, raises and logs as SGLang's own.
 """
 from __future__ import annotations
 
 import ast
 import functools
 import inspect
-import linecache
 import re
-import sys
 from pathlib import Path
-from types import CodeType, FunctionType, ModuleType
+from types import ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched, mark)
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
+from sglang_pcie.patching import baked, code_swap
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 
@@ -88,17 +88,16 @@ HELPER_BLOCK = '''\
 # SM120 (RTX PRO 6000 Blackwell) joins SM90/SM100 in FlashInfer's all-reduce fusion only when the user opted
 # in (SGLang's own fusion option and SGLANG_PCIE_SM120_FUSION=1) and the fused kernel can run: peer-to-peer
 # access between the GPUs, and a FlashInfer with SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR
-# #3903) and the entry points this release calls. Without SGLANG_PCIE_SM120_FUSION=1 nothing here changes
-# what SGLang does or logs. Decided once per process and the same way on every TP rank (all of them see the
-# same GPUs): a rank that alone fell back to NCCL would hang its peers.
+# #3903) and the entry points this release calls. Not opted in, switched off (SGLANG_PCIE_DISABLE=1,
+# SGLANG_PCIE_DISABLE_PATCHES) or without sglang-pcie, nothing here changes what SGLang does or logs.
+# Decided once per process and the same way on every TP rank (all of them see the same GPUs): a rank that
+# alone fell back to NCCL would hang its peers.
 _SGLANG_PCIE_FLASHINFER_ENTRY_POINTS = __ENTRY_POINTS__
 _sglang_pcie_sm120_fusion = None  # the decision, once made
 
 
-def _sglang_pcie_sm120_opted_in():
-    import os
-
-    return os.environ.get("SGLANG_PCIE_SM120_FUSION", "").strip().lower() in ("1", "true", "yes", "on")
+__OPTED_IN_DECORATOR__def _sglang_pcie_sm120_opted_in():
+    return False  # SGLang's own answer; where the patch is on, its guard answers True instead
 
 
 def _sglang_pcie_is_sm120():
@@ -224,7 +223,7 @@ class Sm120AllreduceFusion(Patch):
             return Result(status, detail)
         if name not in sources:
             return Result(NOT_APPLICABLE, f"nothing to change in {name} on this release")
-        return _install(module, source, sources[name])
+        return code_swap.swap_in(module, source, sources[name], PATCH_ID)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         status, detail, sources = _rewrite_installed(installed_sglang_root())
@@ -234,8 +233,8 @@ class Sm120AllreduceFusion(Patch):
             module = modules.get(name)
             if module is None:
                 return Result(DRIFTED, f"{name} was not imported")
-            changed, added = _top_level_changes(inspect.getsource(module), new_source)
-            unpatched = [n for n in changed + _function_names(added)
+            changed, added = code_swap.top_level_changes(inspect.getsource(module), new_source)
+            unpatched = [n for n in changed + code_swap.function_names(added)
                          if not is_patched(getattr(module, n, None), self.id)]
             if unpatched:
                 return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
@@ -289,46 +288,45 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
         edits[FUSION].indent(preflight[0].lineno, preflight[1].end_lineno)
         edits[FUSION].insert_lines(preflight[0].lineno, PREFLIGHT_COMMENT)
 
-    # The helper goes into flashinfer_comm_fusion when the gate module imports it at top level (0.5.10+) or when
-    # flashinfer_comm_fusion itself needs it: one decision and one log line per process. Up to 0.5.9 only the
-    # gate module needs it, and it does not import flashinfer_comm_fusion.
-    fusion_import = _top_level_import_of(tree, gate_module, gate_tree, FUSION)
-    fusion_needs = edits[FUSION].changed
-    gate_needs = gate_edits.changed
-    if fusion_needs or fusion_import is not None:
-        host = FUSION
-        if gate_needs:
-            if fusion_import is None:
-                raise Drift(f"{gate_module} no longer imports {FUSION} at module level, which would hold the "
-                            "helper its gate calls")
-            gate_edits.insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
-    else:
-        host = gate_module
-    host_tree = fusion_tree if host == FUSION else gate_tree
-    entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
-    probe_name, probe_body = _sm120_probe(tree)
-    block = HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
-    edits[host].insert_lines(_first_definition_line(host_tree, edits[host].lines), block + "\n\n")
+    host = _host_helper(tree, gate_module, gate_tree, fusion_tree, edits)
+    probe_name = _insert_helper(tree, fusion_tree, gate_tree if host == gate_module else fusion_tree, edits[host])
 
     sources = {module: e.text() for module, e in edits.items() if e.changed}
-    _plain_functions_only(tree, sources)
+    code_swap.plain_functions_only(tree, sources)
     detail = f"patches {', '.join(patched)}; helper in {host.rsplit('.', 1)[1]} (reads {probe_name})"
     if upstream:
         detail += f"; SM12x already admitted upstream by {', '.join(upstream)}"
     return APPLICABLE, detail, sources
 
 
-def _plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
-    """The runtime patch swaps the code of the functions the rewrite changes; a decorated one (lru_cache,
-    torch.compiler.disable...) is another object in the live module, which it cannot do: drift, before it runs."""
-    for module, new_source in sources.items():
-        changed, _ = _top_level_changes(tree.source(module), new_source)
-        for name in changed:
-            func = _function(tree.tree(module), name)
-            if func is not None and func.decorator_list:
-                decorators = ", ".join("@" + ast.unparse(d) for d in func.decorator_list)
-                raise Drift(f"{module}.{name} is decorated ({decorators}); the patch swaps the code of plain "
-                            "functions only")
+def _host_helper(tree: SourceTree, gate_module: str, gate_tree: ast.Module, fusion_tree: ast.Module,
+                 edits: dict[str, SourceEdits]) -> str:
+    """The module the helper goes into (importing it into the gate module where that is another one).
+
+    flashinfer_comm_fusion, when the gate module imports it at top level (0.5.10+) or when it needs the helper
+    itself: one decision and one log line per process. Up to 0.5.9 only the gate module needs it, and it does not
+    import flashinfer_comm_fusion."""
+    fusion_import = _top_level_import_of(tree, gate_module, gate_tree, FUSION)
+    if not edits[FUSION].changed and fusion_import is None:
+        return gate_module
+    if edits[gate_module].changed:
+        if fusion_import is None:
+            raise Drift(f"{gate_module} no longer imports {FUSION} at module level, which would hold the helper "
+                        "its gate calls")
+        edits[gate_module].insert_lines(fusion_import.end_lineno + 1, IMPORT_LINES)
+    return FUSION
+
+
+def _insert_helper(tree: SourceTree, fusion_tree: ast.Module, host_tree: ast.Module, edits: SourceEdits) -> str:
+    """The guard and the helper, written for this release, before the host's first definition; returns what the
+    helper reads to tell SM120."""
+    entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
+    probe_name, probe_body = _sm120_probe(tree)
+    block = (HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
+             .replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH_ID)))
+    edits.insert_lines(_first_definition_line(host_tree, edits.lines),
+                       baked.guard_block(PATCH_ID) + "\n\n" + block + "\n\n")
+    return probe_name
 
 
 def _version(tree: SourceTree):
@@ -579,90 +577,3 @@ def _rewrite_installed(root: Path) -> tuple[str, str, dict[str, str]]:
         return _rewrite(SourceTree(root))
     except Drift as exc:
         return DRIFTED, str(exc), {}
-
-
-def _install(module: ModuleType, old_source: str, new_source: str) -> Result:
-    """Make ``module`` run ``new_source``'s version of what the rewrite changed; all-or-nothing."""
-    name, file = module.__name__, module.__file__
-    changed, added = _top_level_changes(old_source, new_source)
-    if any(is_patched(module.__dict__.get(n), PATCH_ID) for n in changed + _function_names(added)):
-        return Result(APPLIED, "already applied in this process")
-    patched_name = f"{file} (patched by sglang-pcie {PATCH_ID})"
-    old_code = compile(old_source, file, "exec", dont_inherit=True)
-    new_code = compile(new_source, patched_name, "exec", dont_inherit=True)
-    functions = {}
-    for func_name in changed:
-        func = module.__dict__.get(func_name)
-        if not isinstance(func, FunctionType):
-            raise Drift(f"{name}.{func_name} is not a function in this process")
-        if func.__code__ != _code_of(old_code, func_name):
-            raise Drift(f"{name}.{func_name} in memory is not the one in {file} (changed by someone else?)")
-        functions[func] = _code_of(new_code, func_name)
-    # New functions take their code from the whole new module too: the compiler's output depends on the module
-    # around a function (e.g. `logging.getLogger` compiles differently where `logging` is imported at top level),
-    # and the code must be the very code the diffed file compiles to.
-    new_functions = {}
-    for node in added:
-        if isinstance(node, ast.FunctionDef):
-            if node.decorator_list or node.args.defaults or node.args.kw_defaults:
-                raise Drift(f"{node.name}: the runtime patch defines plain functions only")
-            new_functions[node.name] = _code_of(new_code, node.name)
-        elif isinstance(node, ast.ImportFrom) and not hasattr(sys.modules.get(node.module), HELPER):
-            raise Drift(f"{node.module} does not define {HELPER} (its patch did not apply)")
-    statements = [node for node in added if not isinstance(node, ast.FunctionDef)]
-    statements_code = compile(ast.Module(body=statements, type_ignores=[]), patched_name, "exec", dont_inherit=True)
-    # Nothing fails from here on: define the helper (or import it), then swap the code.
-    exec(statements_code, module.__dict__)
-    for func_name, code in new_functions.items():
-        module.__dict__[func_name] = mark(FunctionType(code, module.__dict__, func_name), PATCH_ID)
-    for func, code in functions.items():
-        func.__code__ = code
-        mark(func, PATCH_ID)
-    # Tracebacks and inspect.getsource() of the swapped code show the patched text.
-    linecache.cache[patched_name] = (len(new_source), None, new_source.splitlines(keepends=True), patched_name)
-    return Result(APPLIED, f"patched {', '.join(changed) or 'nothing'}; defined {', '.join(_names(added))}")
-
-
-def _top_level_changes(old_source: str, new_source: str) -> tuple[list[str], list[ast.stmt]]:
-    """(names of top-level functions whose body differs, top-level statements only in the new source)."""
-    old_nodes = ast.parse(old_source).body
-    old_dumps = [ast.dump(n) for n in old_nodes]
-    old_functions = {n.name for n in old_nodes if isinstance(n, ast.FunctionDef)}
-    changed, added = [], []
-    for node in ast.parse(new_source).body:
-        dump = ast.dump(node)
-        if dump in old_dumps:
-            old_dumps.remove(dump)
-        elif isinstance(node, ast.FunctionDef) and node.name in old_functions:
-            changed.append(node.name)
-        else:
-            added.append(node)
-    if len(old_dumps) != len(changed):
-        raise Drift("the rewrite removed top-level statements, which the runtime patch cannot do")
-    return changed, added
-
-
-def _code_of(module_code: CodeType, name: str) -> CodeType:
-    found = [c for c in module_code.co_consts if isinstance(c, CodeType) and c.co_name == name]
-    if len(found) != 1:
-        raise Drift(f"{name} is compiled {len(found)} times in {module_code.co_filename}")
-    return found[0]
-
-
-def _defined_names(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, ast.ImportFrom):
-        return [a.asname or a.name for a in node.names]
-    if isinstance(node, ast.Assign):
-        return [t.id for t in node.targets if isinstance(t, ast.Name)]
-    return []
-
-
-def _names(nodes: list[ast.stmt]) -> list[str]:
-    return [n for node in nodes for n in _defined_names(node)]
-
-
-def _function_names(nodes: list[ast.stmt]) -> list[str]:
-    """Functions the added statements define or import (the helper), which the patch marks."""
-    return [n for node in nodes if isinstance(node, (ast.FunctionDef, ast.ImportFrom)) for n in _defined_names(node)]

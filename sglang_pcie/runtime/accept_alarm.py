@@ -47,24 +47,6 @@ WORKING_FIRST_DRAFT = 0.3  # first-draft acceptance of the poorest drafters that
 WATCHING, ALARMED, DONE, OFF = "watching", "alarmed", "done", "off"
 
 
-def disabled_reason(settings) -> str | None:
-    """Why the alarm is off under ``settings``, or None: the register's gate, which the diff's decorator asks too."""
-    from sglang_pcie.patching import register
-
-    return register.disabled_reason(register.entry(PATCH_ID), settings)
-
-
-def watch_accept_length(function):
-    """Decorator the versioned diff puts on ``TokenizerManager._calculate_spec_decoding_metrics``: ``wrap`` unless
-    the alarm is switched off (``SGLANG_PCIE_DISABLE_PATCHES=accept-length-alarm``, ``SGLANG_PCIE_DISABLE=1``)."""
-    try:
-        from sglang_pcie.runtime.settings import for_process
-
-        return function if disabled_reason(for_process()) is not None else wrap(function)
-    except Exception:  # the overlay never breaks SGLang's import: SGLang's own method
-        return function
-
-
 def wrap(function):
     """``function`` (SGLang's per-finished-request spec metrics) followed by the watch."""
     @functools.wraps(function)

@@ -78,14 +78,45 @@ def test_diff_applies_with_patch_compiles_and_reads_as_applied(pristine_source, 
     added = [line for line in (REPO / "patches" / version / "accept-length-alarm.diff").read_text().splitlines()
              if line.startswith("+") and not line.startswith("+++") and line.strip("+ ")]
     unmarked = [line for line in added if "sglang-pcie: accept-length-alarm" not in line]
-    assert unmarked == ["+    from sglang_pcie.runtime.accept_alarm import watch_accept_length as "
-                        "_sglang_pcie_watch_accept_length", "+        return function"]
+    assert unmarked == []  # every line the diff adds carries the marker (the guard's too)
     assert [line.strip() for line in added if line.lstrip("+ ").startswith("@")] == [
-        "+    @_sglang_pcie_watch_accept_length  # sglang-pcie: accept-length-alarm"]
+        "+    @_sglang_pcie_accept_length_alarm()  # sglang-pcie: accept-length-alarm"]
     # the decorator sits right above the hook's def
     lines = text.splitlines()
     at = next(n for n, line in enumerate(lines) if line.startswith(f"    def {HOOK}("))
-    assert lines[at - 1] == "    @_sglang_pcie_watch_accept_length  # sglang-pcie: accept-length-alarm"
+    assert lines[at - 1] == "    @_sglang_pcie_accept_length_alarm()  # sglang-pcie: accept-length-alarm"
+
+
+def test_a_call_through_the_class_counts_as_a_call(pristine_source, tmp_path):
+    """``TokenizerManager._calculate_spec_decoding_metrics(self, ...)`` is the call ``self.<hook>(...)`` is."""
+    tree = _copy_target(pristine_source("0.5.23"), tmp_path)
+    path = tree.path(MODULE)
+    text = path.read_text()
+    assert text.count(f"self.{HOOK}(meta_info, recv_obj, i)") == 1
+    path.write_text(text.replace(f"self.{HOOK}(meta_info, recv_obj, i)", f"{CLASS}.{HOOK}(self, meta_info, recv_obj, i)"))
+    assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
+
+
+def test_a_hook_moved_into_a_component_class_is_named_where_it_went(pristine_source, tmp_path):
+    """A simulated split of TokenizerManager (as SGLang's scheduler and model runner were split into component
+    classes): the hook's method moves to a component class in its own module, called through an attribute."""
+    tree = _copy_target(pristine_source("0.5.23"), tmp_path)
+    path = tree.path(MODULE)
+    text = path.read_text()
+    method = tree.method(MODULE, CLASS, HOOK)[2]
+    lines = text.splitlines(keepends=True)
+    first = min([method.lineno] + [d.lineno for d in method.decorator_list])
+    body = "".join(lines[first - 1:method.end_lineno])
+    component = tmp_path / "sglang/srt/managers/tokenizer_components/spec_metrics.py"
+    component.parent.mkdir(parents=True)
+    component.write_text("from typing import Any, Dict\n\n\nclass SpecDecodingMetrics:\n" + body)
+    moved = "".join(lines[:first - 1] + lines[method.end_lineno:])
+    path.write_text(moved.replace(f"self.{HOOK}(meta_info, recv_obj, i)",
+                                  f"self.spec_metrics.{HOOK}(meta_info, recv_obj, i)"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result.status == DRIFTED
+    assert (f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?); {HOOK} is now defined in "
+            "sglang/srt/managers/tokenizer_components/spec_metrics.py (SpecDecodingMetrics)") in result.detail
 
 
 def test_a_release_without_the_module_is_drifted_naming_where_the_class_went(pristine_source, tmp_path):
@@ -175,7 +206,7 @@ import importlib.util, json, logging, shlex, types
 import sglang
 import sglang.srt.managers.tokenizer_manager as tm
 import sglang_pcie.runtime.activate as activate
-from sglang_pcie.runtime import accept_alarm as aa
+from sglang_pcie.runtime import accept_alarm as aa, baked
 from sglang_pcie.patching.engine import MARKER_ATTR
 from sglang_pcie.patching.accept_length_alarm import PATCH, MODULE, CLASS, HOOK
 from sglang_pcie.runtime.settings import for_process
@@ -188,7 +219,7 @@ out["inner_own_file"] = getattr(method, "__wrapped__", method).__code__.co_filen
 out["activation"] = {key: [r.status, r.detail] for key, r in activate.RESULTS.get(PATCH.id, {}).items()}
 out["switched_off"] = activate.SWITCHED_OFF.get(PATCH.id)
 out["check_runtime"] = PATCH.check_runtime({MODULE: tm}, for_process()).status
-out["decorator_is_identity"] = aa.watch_accept_length(len) is len
+out["decorator_is_identity"] = baked.guard(PATCH.id)()(len) is len
 
 spec = importlib.util.spec_from_file_location(MODULE, DIFFED)  # the diffed source, beside the real module
 diffed = importlib.util.module_from_spec(spec)

@@ -5,15 +5,14 @@ import pytest
 
 from sglang_pcie.patching import diffs
 from sglang_pcie.patching.source import SourceTree
-from support import REPO
+from support import PATCH_IDS, REPO
 
 
 def test_the_checkout_holds_a_diff_folder_per_covered_release():
     from sglang_pcie.patching.releases import COVERED_RELEASES
 
     assert diffs.releases_with_diffs(REPO / "patches") == list(COVERED_RELEASES)
-    assert {p.stem for p in diffs.diffs_for("0.5.23", REPO / "patches")} == {
-        "sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation", "accept-length-alarm", "node-agreement"}
+    assert {p.stem for p in diffs.diffs_for("0.5.23", REPO / "patches")} == set(PATCH_IDS)
 
 
 def test_a_release_without_diffs_names_those_that_have_them(tmp_path):

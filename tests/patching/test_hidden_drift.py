@@ -219,5 +219,6 @@ def test_prepare_release_diffs_names_the_drifted_patch(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NEEDS A HUMAN  eagle3-profile: static check says drifted:" in proc.stdout
-    assert "fix sglang_pcie/patches/eagle3_profile.py for sglang 0.5.23" in proc.stderr
+    assert "fix sglang_pcie/patching/eagle3_profile.py for sglang 0.5.23" in proc.stderr
+    assert (REPO / "sglang_pcie" / "patching" / "eagle3_profile.py").is_file()  # the path printed is the patch's
     assert not (tmp_path / "patches" / "0.5.23" / "eagle3-profile.diff").exists()

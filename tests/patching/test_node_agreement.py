@@ -18,6 +18,7 @@ import pytest
 from support import REPO, SUPPORT
 from support.releases import release_copy
 
+from sglang_pcie.patching import baked
 from sglang_pcie.patching import node_agreement as na
 from sglang_pcie.patching.diffs import diff_for
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, ERROR, Drift
@@ -165,7 +166,7 @@ def test_diff_applies_and_then_reads_applied(version, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     hook = SourceTree(tree.root).function(na.PARALLEL_STATE, na.HOOK)
-    assert [ast.unparse(d) for d in hook.decorator_list] == [na.DECORATOR]
+    assert [ast.unparse(d) for d in hook.decorator_list] == [baked.decorator_call(PATCH.id)]
     assert PATCH.check_source(SourceTree(tree.root)).status == APPLIED and PATCH.rewrite(SourceTree(tree.root)) == {}
     edit(tree, na.DECORATION, "")  # half a diff is not the diff
     assert PATCH.check_source(SourceTree(tree.root)).status == DRIFTED

@@ -7,8 +7,10 @@ from sglang_pcie.patching.engine import all_patches
 from support import PATCH_IDS
 
 
-def test_registry_ids_are_the_issue_ids():
-    assert [p.id for p in all_patches()] == PATCH_IDS
+def test_registry_ids_name_their_modules_and_load_in_order():
+    assert [p.id for p in all_patches()] == PATCH_IDS == register.ids()
+    for entry in register.REGISTER:  # a patch's id, its module and its docs page share one name
+        assert entry.module == f"sglang_pcie.patching.{entry.id.replace('-', '_')}", entry.id
 
 
 

@@ -21,6 +21,7 @@ from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DISABLED, DRIFTED, 
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.diffs import diff_for
 from sglang_pcie.patching import register, sm120_allreduce_fusion as sm120
+from sglang_pcie.patching import baked, code_swap
 from sglang_pcie.patching.sm120_allreduce_fusion import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, HELPER_BLOCK, PATCH, PREFLIGHT_SIZES, RESOLVER)
 from sglang_pcie.patching.releases import COVERED_RELEASES, fetch_source
 from sglang_pcie.runtime.settings import load_settings
@@ -54,7 +55,7 @@ def expected_layout(version: str) -> dict:
 def compile_functions(source: str, names: list[str]) -> dict:
     """Code objects of the named top-level functions of ``source``, to be bound to chosen globals."""
     module = compile(source, "<release>", "exec", dont_inherit=True)
-    return {name: sm120._code_of(module, name) for name in names}
+    return {name: code_swap.code_of(module, name) for name in names}
 
 
 def bind(codes: dict, inputs: dict) -> dict:
@@ -324,16 +325,18 @@ def fusion_switch_sites(source: str) -> list[str]:
 
 
 @pytest.mark.parametrize("value", ["1", "true", "TRUE", " on ", "yes", "0", "false", "", "off", "2", "enabled"])
-def test_opt_in_reads_the_variable_as_settings_does(value, monkeypatch):
-    """The inserted helper parses SGLANG_PCIE_SM120_FUSION itself (the diffs must work without sglang-pcie)."""
+def test_opt_in_asks_the_settings_through_the_guard(value, monkeypatch):
+    """The inserted helper asks the guard every diff binds, which reads SGLANG_PCIE_SM120_FUSION as settings do."""
+    monkeypatch.setenv("SGLANG_PCIE_SM120_FUSION", value)
     namespace = {}
     exec(helper_block(), namespace)
-    monkeypatch.setenv("SGLANG_PCIE_SM120_FUSION", value)
     assert namespace[sm120.OPTED_IN]() == load_settings({"SGLANG_PCIE_SM120_FUSION": value}).sm120_fusion
 
 
 def helper_block() -> str:
-    return HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace("__IS_SM120__", sm120.IS_SM120_BY_PROBE)
+    """The helper as a diff inserts it, with the guard before it."""
+    return baked.guard_block(PATCH.id) + HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace(
+        "__IS_SM120__", sm120.IS_SM120_BY_PROBE).replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH.id))
 
 
 @pytest.mark.parametrize("version, majors", [("0.5.9", [9, 10]), ("0.5.23", [9, 10, 12])])
@@ -438,8 +441,8 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
     expected = RUNTIME_EXPECTED[version]
     callers = json.dumps(expected["callers"])
     diff = REPO / "patches" / version / f"{PATCH.id}.diff"
-    # Opted in at import, so the patch is registered; the scenarios then set or clear the variable as the
-    # inserted helper reads it when it decides.
+    # Opted in at import, so the patch is registered; the scenarios then stand in for the opt-in as the diff's
+    # guard answered it (_sglang_pcie_sm120_opted_in).
     report = sglang_env(version).run_script_json("sm120_runtime.py", callers,
                                                  env={"SM120_TEST_DIFF": str(diff), "SGLANG_PCIE_SM120_FUSION": "1"})
 
@@ -453,7 +456,7 @@ def test_runtime_gate_on_simulated_machines(sglang_env, version):
     ready = report["sm120_ready"]
     assert ready["gate"] == [True, True, True] and ready["log"] == []
     assert report["decided_once"] == [True, True, True, 2]
-    # Without the opt-in (a baked diff, the variable unset): off, and nothing logged, as SGLang itself.
+    # Without the opt-in (a baked diff whose guard said no): off, and nothing logged, as SGLang itself.
     no_opt_in = report["sm120_no_opt_in"]
     assert no_opt_in["gate"] == [False] * 3 and no_opt_in["log"] == []
     # Without peer access: off, one warning naming it.

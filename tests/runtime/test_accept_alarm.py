@@ -8,7 +8,7 @@ from types import SimpleNamespace as ns
 
 import pytest
 
-from sglang_pcie.runtime import accept_alarm as aa
+from sglang_pcie.runtime import accept_alarm as aa, baked
 from sglang_pcie.runtime.results import is_patched
 
 MODULE = "sglang.srt.managers.tokenizer_manager"
@@ -237,7 +237,7 @@ def test_the_diffs_decorator_asks_the_registers_gate(monkeypatch, env, wrapped):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     function = Manager._calculate_spec_decoding_metrics
-    assert (aa.watch_accept_length(function) is not function) is wrapped
+    assert (baked.guard(aa.PATCH_ID)()(function) is not function) is wrapped
 
 
 def test_prometheus_export_off_without_the_client_and_the_alarm_still_fires(monkeypatch, caplog_module):
@@ -266,4 +266,4 @@ def test_the_diffs_decorator_leaves_sglangs_method_when_the_settings_cannot_be_r
         raise RuntimeError("settings")
     monkeypatch.setattr(settings, "for_process", unreadable)
     function = Manager._calculate_spec_decoding_metrics
-    assert aa.watch_accept_length(function) is function
+    assert baked.guard(aa.PATCH_ID)()(function) is function

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from support import PATCH_IDS
+
 VERSIONS = ["0.5.9", "0.5.23"]
 
 
@@ -57,14 +59,15 @@ def test_a_hostile_tuned_file_neither_hangs_nor_turns_the_overlay_off(sglang_env
 
 
 @pytest.mark.parametrize("version, expected", [
-    ("0.5.9", {"sm120-allreduce-fusion": "applied", "eagle3-profile": "applied", "drafter-delegation": "applied",
-               "accept-length-alarm": "applied", "node-agreement": "applied"}),
+    ("0.5.9", {patch_id: "applied" for patch_id in PATCH_IDS}),
     # Kimi-K2.5 has the methods upstream from 0.5.10; 25 other wrapper classes of 0.5.23 still lack them.
-    ("0.5.23", {"sm120-allreduce-fusion": "applied", "eagle3-profile": "applied",
-                "drafter-delegation": "applied", "accept-length-alarm": "applied", "node-agreement": "applied"}),
+    ("0.5.23", {patch_id: "applied" for patch_id in PATCH_IDS}),
 ])
 def test_verify_patches_runtime_in_real_release(sglang_env, version, expected):
-    out = sglang_env(version).run_script_json("verify_runtime.py", env={"EAGLE3_PROFILE": "1", "SGLANG_PCIE_SM120_FUSION": "1"})
+    from sglang_pcie.patching import register
+
+    opt_ins = {entry.opt_in.variable: "1" for entry in register.REGISTER if entry.opt_in}  # every patch wanted
+    out = sglang_env(version).run_script_json("verify_runtime.py", env=opt_ins)
     assert out["version"] == version
     assert out["statuses"] == expected, out["stderr"]
     assert out["rc"] == 0

@@ -5,5 +5,13 @@ from pathlib import Path
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
 REPO = TESTS.parent
-# the register's patches in order: one list, so a patch added or lost is one edit here and a failure everywhere else
-PATCH_IDS = ["sm120-allreduce-fusion", "eagle3-profile", "drafter-delegation", "accept-length-alarm", "node-agreement"]
+
+
+def _register_ids() -> list[str]:
+    from sglang_pcie.patching import register  # data: imports nothing
+
+    return register.ids()
+
+
+# the register's patches in order, from the register: a sixth patch needs no edit here
+PATCH_IDS = _register_ids()

@@ -104,8 +104,8 @@ def test_apply_diffs_applies_only_the_change_the_check_approves(copy_of, tmp_pat
     doctored = tmp_path / "diffs" / "0.5.9"
     shutil.copytree(diffs_for("0.5.9")[0].parent, doctored)
     eagle = doctored / "eagle3-profile.diff"
-    eagle.write_text(eagle.read_text().replace('@_sglang_pcie_profile_phase("draft")',
-                                               '@_sglang_pcie_profile_phase("verify")'))
+    eagle.write_text(eagle.read_text().replace("@_sglang_pcie_eagle3_profile('draft')",
+                                               "@_sglang_pcie_eagle3_profile('verify')"))
     run = apply_release_diffs(SourceTree(target), diffs_dir=doctored.parent)
     assert [s.patch_id for s in run.refused] == ["eagle3-profile"]
     assert "does not make the change this tree needs" in run.refused[0].why

@@ -259,9 +259,20 @@ def test_the_suite_is_big_enough(capsys):
 
 
 def test_zz_report_counts(capsys):
-    """Runs last (pytest keeps file order): the caught / false-alarm counts of this session's run."""
+    """Runs last (pytest keeps file order): the caught / false-alarm counts of this session's run, which must be
+    whole: every mutation that ran was judged right and went through its apply-diffs check, and where the whole
+    suite ran, every drift was caught and no harmless change raised an alarm."""
     kinds = Counter(m.kind for m in MUTATIONS)
+    judged = {kind: TALLY[kind, "right"] + TALLY[kind, "wrong"] for kind in KINDS}
+    if not sum(judged.values()):
+        pytest.skip("no mutation ran in this session: nothing to report")
+    applied = sum(count for (area, _), count in TALLY.items() if area == "apply")
+    assert TALLY["drift", "wrong"] == 0 and TALLY["harmless", "wrong"] == 0, TALLY
+    assert applied == sum(judged.values()), f"{applied} apply-diffs checks for {sum(judged.values())} mutations"
+    if judged == {kind: kinds[kind] for kind in KINDS}:
+        assert TALLY["drift", "right"] == kinds["drift"] and TALLY["harmless", "right"] == kinds["harmless"]
     with capsys.disabled():
-        print(f"\nmutation suite: drift caught {TALLY['drift', 'right']}/{kinds['drift']}, harmless false alarms "
-              f"{TALLY['harmless', 'wrong']}/{kinds['harmless']}; apply-diffs: "
+        print(f"\nmutation suite: drift caught {TALLY['drift', 'right']}/{judged['drift']}, harmless false alarms "
+              f"{TALLY['harmless', 'wrong']}/{judged['harmless']} (of {kinds['drift']} and {kinds['harmless']} in "
+              "the suite); apply-diffs: "
               + ", ".join(f"{k} {v}" for (area, k), v in sorted(TALLY.items()) if area == "apply"))

@@ -7,7 +7,7 @@ import sglang
 DIFFED, PROFILING = json.loads(sys.argv[1]), sys.argv[2] == "1"
 import torch
 import sglang_pcie.runtime.activate as activate
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.runtime import baked, eagle_profiler as ep
 from sglang_pcie.patching.engine import MARKER_ATTR
 from sglang_pcie.patching.eagle3_profile import PATCH, TARGETS, V1, V2
 from sglang_pcie.runtime.settings import for_process
@@ -34,7 +34,7 @@ for name, module in modules.items():
 out["activation"] = {key: r.status for key, r in activate.RESULTS.get("eagle3-profile", {}).items()}
 out["switched_off"] = activate.SWITCHED_OFF.get("eagle3-profile")
 out["check_runtime"] = PATCH.check_runtime(modules, for_process()).status
-out["decorator_is_identity"] = ep.profile_phase("draft")(len) is len
+out["decorator_is_identity"] = baked.guard(PATCH.id)("draft")(len) is len  # the guard the diffs bind
 
 # The versioned diff's source, executed as a module next to the real one.
 for name, path in DIFFED.items():

@@ -3,7 +3,7 @@ import importlib, json
 from pathlib import Path
 import sglang
 from sglang_pcie.runtime import activate
-from sglang_pcie.patching import sm120_allreduce_fusion as sm120
+from sglang_pcie.patching import code_swap, sm120_allreduce_fusion as sm120
 state = {"switched_off": activate.SWITCHED_OFF.get(sm120.PATCH_ID)}
 for module_name, gate_name in sm120.GATE_LOCATIONS:
     try:
@@ -13,13 +13,13 @@ for module_name, gate_name in sm120.GATE_LOCATIONS:
     if hasattr(module, gate_name):
         gate = getattr(module, gate_name)
         compiled = compile(Path(module.__file__).read_text(), module.__file__, "exec")
-        state.update({"own_code": gate.__code__ == sm120._code_of(compiled, gate_name),
+        state.update({"own_code": gate.__code__ == code_swap.code_of(compiled, gate_name),
                       "helper": hasattr(module, sm120.HELPER),
                       "marked": hasattr(gate, "__sglang_pcie_patch__")})
         break
 fusion = importlib.import_module(sm120.FUSION)
 compiled = compile(Path(fusion.__file__).read_text(), fusion.__file__, "exec")
-state["resolver_own_code"] = fusion._resolve_backend.__code__ == sm120._code_of(compiled, "_resolve_backend")
+state["resolver_own_code"] = fusion._resolve_backend.__code__ == code_swap.code_of(compiled, "_resolve_backend")
 from sglang.srt.runtime_context import override_platform
 with override_platform(is_sm90=False, is_sm100=False, is_sm120=True):  # an SM120 machine
     try:

@@ -5,7 +5,7 @@ import torch
 import sglang
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.engine import is_patched
-from sglang_pcie.patching import sm120_allreduce_fusion as sm120
+from sglang_pcie.patching import code_swap, sm120_allreduce_fusion as sm120
 from sglang_pcie.runtime.settings import for_process
 
 report = {}
@@ -44,19 +44,19 @@ with tempfile.TemporaryDirectory() as tmp:
         if rel not in touched:
             continue
         new = (Path(tmp) / rel).read_text()
-        changed, added = sm120._top_level_changes(Path(module.__file__).read_text(), new)
+        changed, added = code_swap.top_level_changes(Path(module.__file__).read_text(), new)
         compiled = compile(new, "diff", "exec", dont_inherit=True)
         for name in changed:
-            same[name] = getattr(module, name).__code__.co_code == sm120._code_of(compiled, name).co_code
-        for name in sm120._function_names(added):
+            same[name] = getattr(module, name).__code__.co_code == code_swap.code_of(compiled, name).co_code
+        for name in code_swap.function_names(added):
             value = getattr(module, name)
-            same[name] = (value.__code__.co_code == sm120._code_of(compiled, name).co_code
+            same[name] = (value.__code__.co_code == code_swap.code_of(compiled, name).co_code
                           if isinstance(value, types.FunctionType) and value.__module__ == module.__name__
                           else value is getattr(helper_module, name))
 report["diff_code_matches_live_code"] = same
 
 pristine_gate = types.FunctionType(
-    sm120._code_of(compile(Path(gate_module.__file__).read_text(), gate_module.__file__, "exec"), gate_name),
+    code_swap.code_of(compile(Path(gate_module.__file__).read_text(), gate_module.__file__, "exec"), gate_name),
     gate_module.__dict__)
 
 records = []
@@ -78,9 +78,9 @@ def machine(gpu, opt_in=True, peer=True, sm12x_kernels=None):
         helper_module._sglang_pcie_trtllm_allreduce_majors = lambda spec: [9, 10, 12] if sm12x_kernels else [9, 10]
     torch.cuda.device_count = lambda: 2
     torch.cuda.can_device_access_peer = lambda a, b: peer_queries.append((a, b)) or peer
-    os.environ.pop("SGLANG_PCIE_SM120_FUSION", None)
-    if opt_in:
-        os.environ["SGLANG_PCIE_SM120_FUSION"] = "1"
+    # The opt-in as the diff's guard answered it at import (the runtime's gate): on here, off for a baked diff
+    # whose gate said no.
+    helper_module._sglang_pcie_sm120_opted_in = lambda: opt_in
     facts = dict(is_sm90=gpu == "sm90", is_sm100=gpu == "sm100", is_sm120=gpu == "sm120")
     try:
         from sglang.srt.runtime_context import override_platform
