@@ -103,8 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weights and draft vocabulary come from it (default 0)")
     parser.add_argument("--acceptance", choices=list(ACCEPTANCE), default="random",
                         help="random (default: drafts almost never accepted), mixed (about half the requests accept"
-                             " every draft, the others one per verify), full (every draft accepted) or tokenwise (accepted token by"
-                             " token, about 2.7 per verify at 3 steps; wrong layer ids or d2t entries lower it;"
+                             " every draft, the others one per verify), full (every draft accepted) or tokenwise"
+                             " (accepted token by token, about 2.7 per verify at 3 steps; wrong layer ids or d2t"
+                             " entries lower it;"
                              " needs --layers 5 or more)")
     parser.add_argument("--all-reduce-check", action="store_true",
                         help="with --acceptance mixed or full: the same tokens and accept lengths, but only when"

@@ -1,8 +1,8 @@
 """``--acceptance tokenwise``: a drafter accepted token by token, that needs the right captured layers and d2t.
 
-Tokens: f, one random cycle through the whole draft vocabulary, is the target's greedy next-token map (a token outside the
-draft vocabulary shares a draft token's embedding, so it is followed as that token is). Each draft token has a
-code c(t) in {+-a}^d (a = 2^-3, d = (hidden - 1) // 3, coordinate 0 always +a, codes distinct).
+Tokens: f, one random cycle through the whole draft vocabulary, is the target's greedy next-token map (a token
+outside the draft vocabulary shares a draft token's embedding, so it is followed as that token is). Each draft
+token has a code c(t) in {+-a}^d (a = 2^-3, d = (hidden - 1) // 3, coordinate 0 always +a, codes distinct).
 
 Target (attention outputs zero, as in ``mixed``): the residual stream is [c, P_l c, 0...] after layer l, where the
 P_l are random signed permutations of the d coordinates, one per layer (P_-1 in the embedding): each layer's MLP is
@@ -27,13 +27,19 @@ SGLang captures (it captures the input of layer id + 1, never the last layer's o
 """
 from __future__ import annotations
 
-from sglang_pcie.tools.make_test_models.bf16 import pack, zeros
+from functools import lru_cache
+
+from sglang_pcie.tools.make_test_models import bf16
+from sglang_pcie.tools.make_test_models.bf16 import zeros
 from sglang_pcie.tools.make_test_models.shape import RMS_NORM_EPS, Shape
 
 KNOWN = (0.8, 0.7, 0.6)  # share of draft tokens the drafter guesses right at steps 1, 2, 3
 AMPLITUDE = 2.0 ** -3
 GATE = 16.0  # silu(GATE * x) = GATE * x (1 - 1e-7) at the normalized constant coordinate (x >= 1)
 FC_WEIGHTS = (0.25, 0.25, 0.5)
+
+
+pack = lru_cache(maxsize=None)(bf16.pack)  # few distinct values, packed millions of times
 
 
 def code_size(shape: Shape) -> int:
