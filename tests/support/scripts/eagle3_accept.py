@@ -1,14 +1,14 @@
 """Accept lengths of EAGLE-3 drafters against one target, greedy, on the CPU.
 
-usage: python eagle3_accept.py TARGET_DIR DRAFT_DIR [DRAFT_DIR...] [--prompts N] [--new-tokens N] [--steps N]
+usage: python eagle3_accept.py TARGET_DIR DRAFT_DIR [DRAFT_DIR...] [--prompts N] [--new-tokens N] [--steps N] [--bf16]
 
-The target decodes greedily with transformers' Llama (fp32; an implementation independent of SGLang and of
-make-test-models); each drafter's chain (topk 1) is replayed in the order SGLang's llama_eagle3.py applies its
-tensors: fc on the captured target states (HF hidden_states[id + 1], what SGLang captures for layer id, ids from the
-drafter's own config), then the midlayer (hidden_norm / input_layernorm, attention over the drafted chain, o_proj,
-post_attention_layernorm, MLP), norm, lm_head over the draft vocabulary, d2t back to target ids; later steps take the
-pre-norm state. Prints one JSON line: per drafter, the accept length of every verify (accepted drafts + 1) per
-prompt, their mean over all verifies, and per draft step how often it was reached and accepted.
+The target decodes greedily with transformers' Llama (fp32, or bf16 with --bf16; an implementation independent of
+SGLang and of make-test-models); each drafter's chain (topk 1) is replayed in the order SGLang's llama_eagle3.py
+applies its tensors: fc on the captured target states (HF hidden_states[id + 1], what SGLang captures for layer id,
+ids from the drafter's own config), then the midlayer (hidden_norm / input_layernorm, attention over the drafted
+chain, o_proj, post_attention_layernorm, MLP), norm, lm_head over the draft vocabulary, d2t back to target ids;
+later steps take the pre-norm state. Prints one JSON line: per drafter, the accept length of every verify (accepted
+drafts + 1) per prompt, their mean over all verifies, and per draft step how often it was reached and accepted.
 """
 import argparse
 import json
@@ -25,9 +25,11 @@ parser.add_argument("--prompts", type=int, default=8)
 parser.add_argument("--new-tokens", type=int, default=32)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--bf16", action="store_true", help="target and drafter in bf16 (default fp32)")
 args = parser.parse_args()
+dtype = torch.bfloat16 if args.bf16 else torch.float32
 
-target = LlamaForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+target = LlamaForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
 vocab = target.config.vocab_size
 gen = torch.Generator().manual_seed(args.seed)
 sequences, states = [], []
@@ -42,7 +44,8 @@ with torch.no_grad():
 
 def replay(folder):
     cfg = json.load(open(f"{folder}/config.json"))
-    w = {k: v.float() for k, v in load_file(f"{folder}/model.safetensors").items()}
+    w = {k: v.to(dtype) if v.is_floating_point() else v
+         for k, v in load_file(f"{folder}/model.safetensors").items()}
     hot = (w["d2t"] + torch.arange(len(w["d2t"]))).long()
     layer_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     heads, kv_heads, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -90,5 +93,5 @@ def replay(folder):
             "per_prompt": per_prompt, "step_reached": reached, "step_accepted": accepted_at}
 
 
-print(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens, "steps": args.steps,
+print(json.dumps({"dtype": str(dtype), "prompts": args.prompts, "new_tokens": args.new_tokens, "steps": args.steps,
                   "tokens": [s[6:] for s in sequences], "drafts": {d: replay(d) for d in args.drafts}}))
