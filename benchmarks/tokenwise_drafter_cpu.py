@@ -65,7 +65,8 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     healthy = result["drafts"]["draft"]["accept_length"]
     print(f"tokenwise, {args.preset} with {shape.layers} layers (hidden {shape.hidden}), seed {args.seed}:"
-          f" {args.prompts} prompts x {args.new_tokens} greedy tokens, EAGLE-3 3 steps topk 1 (CPU, {'bf16' if args.bf16 else 'fp32'})")
+          f" {args.prompts} prompts x {args.new_tokens} greedy tokens, EAGLE-3 3 steps topk 1"
+          f" (CPU, {'bf16' if args.bf16 else 'fp32'})")
     for name, d in result["drafts"].items():
         steps = ", ".join(f"{a}/{r}" for a, r in zip(d["step_accepted"], d["step_reached"]))
         print(f"  {name:24} accept length {d['accept_length']:.3f} ({d['accept_length'] / healthy:.2f}x healthy) over"
