@@ -7,6 +7,9 @@ import ast
 import importlib.util
 import json
 import struct
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,6 +202,9 @@ draft, d = load(LlamaForCausalLMEagle3, f"{root}/draft")
 layer_ids = draft.config.eagle_config["eagle_aux_hidden_state_layer_ids"]
 target.set_eagle3_layers_to_capture(layer_ids)
 d["captured"] = list(target.model.layers_to_capture)
+target.set_eagle3_layers_to_capture([i + 1 for i in layer_ids])
+d["shifted_captured"] = list(target.model.layers_to_capture)
+d["target_layers"] = len(target.model.layers)
 target.set_eagle3_layers_to_capture(None)
 d["default_captured"] = list(target.model.layers_to_capture)
 d["fc_in"] = draft.model.fc.in_features
@@ -209,12 +215,14 @@ print(json.dumps({"target": t, "draft": d}))
 """
 
 
-@pytest.mark.parametrize("acceptance, check", [("random", False), ("mixed", True)])
+@pytest.mark.parametrize("acceptance, check", [("random", False), ("mixed", True), ("tokenwise", False)])
 def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path, acceptance, check):
     env = sglang_env("0.5.23")
     models = tmp_path / "models"
-    written = test_models.make_models(models, test_models.PRESETS["tiny"], seed=0, acceptance=acceptance,
-                                      all_reduce_check=check)
+    shape = test_models.PRESETS["tiny"]
+    if acceptance == "tokenwise":
+        shape = replace(shape, layers=6)
+    written = test_models.make_models(models, shape, seed=0, acceptance=acceptance, all_reduce_check=check)
     assert set(written) == {"target", "draft"}
     result = env.run_json(LOADER_PROBE.replace("sys.argv[1]", repr(str(models))),
                           env={"SGLANG_USE_CPU_ENGINE": "1"})
@@ -232,6 +240,9 @@ def test_models_load_through_sglang_0_5_23(sglang_env, tmp_path, acceptance, che
     hidden = test_models.PRESETS["tiny"].hidden
     assert len(set(draft["captured"])) == 3 and draft["fc_in"] == 3 * hidden
     assert len(set(draft["default_captured"])) < 3
+    if acceptance == "tokenwise":  # ids + 1 still name layers SGLang's forward loop captures (inputs of layers < L)
+        assert draft["target_layers"] == 6 and draft["captured"] == [1, 3, 4]
+        assert draft["shifted_captured"] == [2, 4, 5]
     _, _, d2t = read_tensor(models / "draft" / "model.safetensors", "d2t")
     assert draft["hot_token_id"] == [d + i for i, d in enumerate(d2t)]
     assert draft["model_config_archs"] == ["LlamaForCausalLM", "LlamaForCausalLMEagle3"]
@@ -360,6 +371,103 @@ def test_all_reduce_faults_change_the_tokens(sglang_env, tmp_path, check):
     assert all(0.24 < low <= high < 0.26 for low, high in result["chain"].values()), result["chain"]
     margins = result["margins"]
     assert margins["min"] > 0.25 * margins["chosen_min"], margins
+
+
+def test_tokenwise_layout_and_bad_shapes(tmp_path, capsys):
+    """The tokenwise pair's config and the tensors its construction sets (sparse MLPs on the constant coordinate,
+    a zero o_proj); too few layers, too small a hidden size or MLP: one usage line, nothing written."""
+    assert cli_main(["make-test-models", str(tmp_path / "m"), "--acceptance", "tokenwise", "--layers", "6"]) == 0
+    draft = json.loads((tmp_path / "m/draft/config.json").read_text())
+    assert draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    shape = replace(test_models.PRESETS["tiny"], layers=6)
+    h, d = shape.hidden, (shape.hidden - 1) // 3
+    target = tmp_path / "m/target/model.safetensors"
+    _, gate = _raw(target, "model.layers.1.mlp.gate_proj.weight")
+    assert {i % h for i in range(len(gate) // 2) if _bf16(gate, i)} == {0} and _bf16(gate, 0) == 16.0
+    _, o_proj = _raw(target, "model.layers.1.self_attn.o_proj.weight")
+    assert o_proj == bytes(len(o_proj))
+    _, down = _raw(target, "model.layers.1.mlp.down_proj.weight")  # writes only the keyed block
+    assert {i // shape.intermediate for i in range(len(down) // 2) if _bf16(down, i)} <= set(range(d, 2 * d))
+    for argv, named in ((["--layers", "4"], "--layers 5"), (["--layers", "6", "--hidden", "64", "--heads", "4"],
+                                                             "--hidden 73"),
+                        (["--layers", "6", "--intermediate", "128"], "--intermediate")):
+        assert cli_main(["make-test-models", str(tmp_path / "bad"), "--acceptance", "tokenwise", *argv]) == 2
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
+    assert cli_main(["make-test-models", str(tmp_path / "bad"), "--acceptance", "tokenwise", "--layers", "6",
+                     "--all-reduce-check"]) == 2
+    assert "--all-reduce-check needs --acceptance mixed or full" in capsys.readouterr().err
+
+
+def test_tokenwise_drafter_partly_wrong_lowers_the_accept_length(sglang_env, tmp_path):
+    """--acceptance tokenwise: the healthy drafter is accepted token by token (accept lengths 1 to 4 within a
+    request, later steps accepted less often), and each partly wrong copy (benchmarks/break_drafter.py) lowers the
+    accept length on the same greedy tokens: layer ids + 1 to 1.0, d2t permuted at 10% / 40% of its draft ids
+    below the healthy one, 40% below 10%."""
+    shape = replace(test_models.PRESETS["tiny"], layers=6)
+    test_models.make_models(tmp_path, shape, seed=0, acceptance="tokenwise")
+    breaks = ["layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct"]
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "draft"),
+                    "--only", *breaks], check=True, capture_output=True)
+    names = ["draft"] + [f"draft-{b}" for b in breaks]
+    result = sglang_env("0.5.23").run_script_json("eagle3_accept.py", tmp_path / "target",
+                                                  *(tmp_path / n for n in names), "--prompts", "4",
+                                                  "--new-tokens", "40")
+    accept = {Path(k).name: v for k, v in result["drafts"].items()}
+    healthy = accept["draft"]
+    assert 2.2 < healthy["accept_length"] < 3.2, healthy
+    assert all(len(set(lengths)) >= 3 for lengths in healthy["per_prompt"]), healthy["per_prompt"]  # token by token
+    reached, accepted = healthy["step_reached"], healthy["step_accepted"]
+    rates = [a / r for a, r in zip(accepted, reached)]
+    assert 0.5 < rates[2] < rates[0] < 0.95, rates
+    lengths = {name: accept[name]["accept_length"] for name in names}
+    assert lengths["draft-layer-ids-plus1"] == 1.0, lengths
+    assert lengths["draft-d2t-permuted-10pct"] < lengths["draft"] - 0.1, lengths
+    assert lengths["draft-d2t-permuted-40pct"] < lengths["draft-d2t-permuted-10pct"] - 0.3, lengths
+    assert accept["draft-layer-ids-plus1"]["layer_ids"] == [1, 3, 4]
+    # the greedy tokens: each in the draft vocabulary after the first, each followed by its one successor
+    _, _, d2t = read_tensor(tmp_path / "draft" / "model.safetensors", "d2t")
+    hot = {x + i for i, x in enumerate(d2t)}
+    successor = {}
+    for tokens in result["tokens"]:
+        assert set(tokens) <= hot
+        for a, b in zip(tokens, tokens[1:]):
+            assert successor.setdefault(a, b) == b
+
+
+def test_break_drafter_layer_ids_and_partial_d2t(tmp_path):
+    """benchmarks/break_drafter.py's new copies: config.json's layer ids + 1 with the tensors untouched; d2t
+    permuted at 10% / 40% of the draft ids, as one cycle within the same hot set, the other ids unchanged."""
+    from sglang_pcie.tools.make_test_models import make_models
+
+    make_models(tmp_path / "m", replace(test_models.PRESETS["tiny"], layers=6, draft_vocab=1000), seed=4,
+                acceptance="tokenwise")
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "m" / "draft"),
+                          "--only", "layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct", "--seed", "2"],
+                         check=True, capture_output=True, text=True).stdout
+    assert "[0, 2, 3] -> [1, 3, 4]" in out and "100 of 1000 draft ids" in out and "400 of 1000" in out
+    base = tmp_path / "m" / "draft"
+    shifted = tmp_path / "m" / "draft-layer-ids-plus1"
+    config = json.loads((shifted / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert (shifted / "model.safetensors").read_bytes() == (base / "model.safetensors").read_bytes()
+    _, _, d2t = read_tensor(base / "model.safetensors", "d2t")
+    hot = [x + i for i, x in enumerate(d2t)]
+    for share in (10, 40):
+        _, _, permuted = read_tensor(tmp_path / "m" / f"draft-d2t-permuted-{share}pct" / "model.safetensors", "d2t")
+        mapped = [x + i for i, x in enumerate(permuted)]
+        moved = [i for i in range(1000) if mapped[i] != hot[i]]
+        assert len(moved) == 10 * share and sorted(mapped) == hot  # a permutation within the hot set
+        # one cycle: following draft id -> the id whose target it took visits every moved id
+        index = {t: i for i, t in enumerate(hot)}
+        seen, i = set(), moved[0]
+        while i not in seen:
+            seen.add(i)
+            i = index[mapped[i]]
+        assert seen == set(moved)
+    assert (tmp_path / "m" / "draft-d2t-permuted-10pct" / "config.json").read_bytes() == \
+        (base / "config.json").read_bytes()
 
 
 def _benchmark(name: str):

@@ -26,6 +26,10 @@ instead of three.
   num_steps + 1 tokens per verify) or alternates two (2 per verify). SGLang's accept length, tokens per verify over
   all requests, is then 1 / (p / (num_steps + 1) + (1 - p) / 2) for a share p of repeating requests (2.67 at 3
   steps for p = 1/2; which requests repeat depends on their last prompt token).
+- ``tokenwise``: a healthy drafter accepted token by token (accept length about 2.7 at 3 steps, from per-token,
+  per-step knowledge), whose guesses depend on decoding each captured layer with that layer's own key: layer ids
+  shifted by one, or part of ``d2t`` permuted, lower the accept length (``tokenwise.py``; needs 5 layers or more,
+  e.g. ``--layers 6``; 3 draft steps, a 4th is always wrong).
 - ``--all-reduce-check`` (with ``mixed`` / ``full``): the same chain of tokens and accept lengths, but the attention
   and MLP outputs are not zero: each tensor-parallel shard's partial sum of o_proj / down_proj is large and is
   cancelled exactly by a partner shard's, and a value carried from sublayer to sublayer through every all-reduce
@@ -48,6 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sglang_pcie.tools.command import Command, UsageError
+from sglang_pcie.tools.make_test_models import tokenwise
 from sglang_pcie.tools.make_test_models.files import predicted_chain, tensor_bytes, write_model
 from sglang_pcie.tools.make_test_models.shape import ACCEPTANCE, PRESETS, Shape, aux_layer_ids
 from sglang_pcie.tools.make_test_models.weights import common_config, draft_tensors, make_predictable, target_tensors
@@ -64,17 +69,22 @@ def make_models(out: Path, shape: Shape, seed: int = 0, acceptance: str = "rando
         raise ValueError(f"--acceptance {acceptance}: must be one of {', '.join(ACCEPTANCE)}")
     if all_reduce_check:
         shape.check_all_reduce(acceptance)
+    if acceptance == "tokenwise":
+        tokenwise.check(shape)
+    layer_ids = tokenwise.aux_layer_ids(shape.layers) if acceptance == "tokenwise" else aux_layer_ids(shape.layers)
     rng = random.Random(seed)
     target_config = {**common_config(shape), "architectures": ["LlamaForCausalLM"],
                      "num_hidden_layers": shape.layers}
     draft_config = {**common_config(shape), "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
                     "draft_vocab_size": shape.draft_vocab,
-                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids(shape.layers),
+                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids,
                                      "use_aux_hidden_state": True}}
     target = target_tensors(rng, shape)
     hot = sorted(rng.sample(range(shape.vocab), shape.draft_vocab))
     draft = draft_tensors(rng, shape, hot)
-    if ACCEPTANCE[acceptance] is not None:
+    if acceptance == "tokenwise":
+        tokenwise.build(rng, shape, target, draft, hot)
+    elif ACCEPTANCE[acceptance] is not None:
         make_predictable(rng, shape, target, draft, hot, ACCEPTANCE[acceptance], all_reduce_check)
     sizes = {"target": write_model(out / "target", target_config, target),
              "draft": write_model(out / "draft", draft_config, draft)}
@@ -93,7 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weights and draft vocabulary come from it (default 0)")
     parser.add_argument("--acceptance", choices=list(ACCEPTANCE), default="random",
                         help="random (default: drafts almost never accepted), mixed (about half the requests accept"
-                             " every draft, the others one per verify) or full (every draft accepted)")
+                             " every draft, the others one per verify), full (every draft accepted) or tokenwise"
+                             " (accepted token by token, about 2.7 per verify at 3 steps; wrong layer ids or d2t"
+                             " entries lower it;"
+                             " needs --layers 5 or more)")
     parser.add_argument("--all-reduce-check", action="store_true",
                         help="with --acceptance mixed or full: the same tokens and accept lengths, but only when"
                              " every tensor-parallel all-reduce of o_proj and down_proj adds every shard's partial"
