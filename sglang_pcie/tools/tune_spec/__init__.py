@@ -33,8 +33,8 @@ DESCRIPTION = ("Find the speculative setting (none, EAGLE chains of 1..N steps, 
                " batch throughput and/or single-request decode speed for this launch on this box: a profiled"
                " server at the deepest chain and a second one feed a cost model, then the leading candidates are"
                " confirmed with real servers in counterbalanced order.")
-EPILOG = ("Workloads: batch = output tok/s of bench's batch phase at --concurrency; latency = 1000 / TPOT p50 of"
-          " its concurrency-1 stream. Verdicts: 'X is best by Y%' only when the 95%% interval of the pairs clears"
+EPILOG = ("Workloads: batch = output tok/s of bench's batch phase at --concurrency; latency = 1000 / mean TPOT of"
+          " its concurrency-1 stream. Verdicts: 'X is best by Y%' only when the 99% interval of the pairs clears"
           " the servers' own spread; 'A and B are within Z%: either'; or 'cannot tell within the budget' with the"
           " figures so far. Results: DIR/state.json (after every server; --resume DIR continues a stopped run),"
           " DIR/result.json, DIR/tune-spec.png where matplotlib is installed. Exit 0 when it ran (whatever the"
