@@ -199,8 +199,9 @@ REGISTER = (
                  "never accepted, naming the likely causes and the check-drafter command"),
         why=("Speculative decoding is lossless, so a broken drafter (a wrong d2t map, wrong aux hidden-state layer "
              "ids) loads, serves correct text and is silently useless: the Kimi-K2.5 deployment lost days to it. "
-             "On one H200 a drafter with its d2t permuted within its hot set served token-identical outputs at "
-             "accept length 1.00 instead of 2.76 and 0.40x batch throughput, with no warning anywhere."),
+             "On one H200 a drafter with its d2t shifted by one within its hot set served token-identical outputs at "
+             "accept length 1.00 instead of 2.68 and 0.465x batch throughput, with no warning anywhere "
+             "(benchmarks/results/2026-12-02-h200/round3/gpu-bound.stdout)."),
         upstream=(),
         upstream_note="none: SGLang logs the accept length but never judges it",
         checked="2026-12-01",
