@@ -144,3 +144,58 @@ def test_the_command_line_wins_over_the_config_file_for_each_setting(tmp_path):
     config.write_text("nnodes: two\n")
     bad = detect(["--config", str(config)], {})
     assert bad.nodes == 1 and bad.problem == f"nnodes: two in --config {config}: not a positive number of nodes; read as one node"
+
+
+@pytest.mark.parametrize("nodes, multi", [(1, False), (2, True)])
+def test_multi_node_is_more_than_one_node(nodes, multi):
+    assert launches.Launch(nodes, "x").multi_node is multi
+
+
+def test_the_processs_own_arguments_are_read_without_its_program_name(monkeypatch):
+    monkeypatch.setattr(launches.sys, "argv", ["--nnodes=2"])
+    assert detect(None, {}).nodes == 1  # argv[0] is the program, never an option
+    monkeypatch.setattr(launches.sys, "argv", ["launch_server", "--nnodes", "2"])
+    assert detect(None, {}).nodes == 2
+
+
+@pytest.mark.parametrize("argv, env, nodes, rank, source, problem", [
+    ([], {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}, 2, 0, "torch's launcher", None),
+    ([], {"SLURM_NNODES": "1", "SLURM_NODEID": "0"}, 1, None, "one node", None),  # SLURM on one node is one node
+    ([], {"SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}, 2, 1, "SLURM_NNODES=2", None),
+    ([], {NODES_VAR: "0", "SLURM_NNODES": "2"}, 2, None, "SLURM_NNODES=2", None),  # 0 is no inherited count
+    (["--nnodes", "2", "--node-rank", "0"], {}, 2, 0, "--nnodes 2", None),  # node 0 is a rank
+    (["--nnodes", "0"], {}, 1, None, "one node", "--nnodes 0: not a positive number of nodes; read as one node"),
+    (["--nnodes", "-2"], {}, 1, None, "one node", "--nnodes -2: not a positive number of nodes; read as one node"),
+    ([], {"WORLD_SIZE": "0", "LOCAL_WORLD_SIZE": "4"}, 1, None, "one node", None),
+])
+def test_zero_is_a_rank_but_never_a_count(argv, env, nodes, rank, source, problem):
+    launch = detect(argv, env)
+    assert (launch.nodes, launch.node_rank, launch.problem) == (nodes, rank, problem) and source in launch.source
+
+
+def test_a_config_path_holding_an_equals_sign(tmp_path):
+    config = tmp_path / "a=b.yaml"
+    config.write_text("nnodes: 2\n")
+    launch = detect([f"--config={config}"], {})
+    assert launch.nodes == 2 and launch.source == f"nnodes: 2 in --config {config}" and launch.problem is None
+
+
+@pytest.mark.parametrize("text", ["- nnodes: 2\n", "just text\n", ""])
+def test_a_config_file_that_is_not_a_mapping_says_nothing_about_nodes(tmp_path, text):
+    config = tmp_path / "server.yaml"
+    config.write_text(text)
+    launch = detect(["--config", str(config)], {"SLURM_NNODES": "2"})
+    assert (launch.nodes, launch.source, launch.problem) == (2, "SLURM_NNODES=2", None)
+
+
+def test_a_config_problem_travels_with_the_count_found_elsewhere(tmp_path):
+    missing = tmp_path / "none.yaml"
+    for env, nodes in [({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 2), ({"SLURM_NNODES": "3"}, 3), ({}, 1)]:
+        launch = detect(["--config", str(missing)], env)
+        assert launch.nodes == nodes and launch.problem == f"--config {missing}: no such file"
+
+
+def test_describe_names_the_count_source_and_rank():
+    assert detect(["--nnodes", "2", "--node-rank", "1"], {}).describe() == \
+        "a launch over 2 nodes (--nnodes 2, this is node 1)"
+    assert detect(["--nnodes", "2"], {}).describe() == "a launch over 2 nodes (--nnodes 2)"

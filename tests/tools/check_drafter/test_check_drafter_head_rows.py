@@ -73,6 +73,8 @@ def test_a_map_permuted_within_its_hot_set_is_found(capsys, made, tmp_path):
     hot = [i + d for i, d in enumerate(st.read_tensor(Path(made["mixed"]["draft"]["path"]) / "model.safetensors",
                                                       "d2t")[2])]
     assert first["matches"] == hot[first["draft_id"]] != first["d2t"]  # the row's own token, found again
+    assert f"draft id {first['draft_id']}'s row is the target's embed_tokens row of id {first['matches']}" \
+        in result["reason"]  # the reason names the first match
 
 
 @pytest.mark.parametrize("map_of", [None, shifted])
@@ -159,6 +161,7 @@ def test_reads_a_bounded_number_of_rows(tmp_path, frequent_ids, monkeypatch):
     report = run_checks(str(draft), str(target))
     assert by_name(report)["lm_head rows"]["status"] == "skip"
     assert max(n for _, _, n, _ in asked) <= 4096  # read in chunks
+    assert max(c for _, _, _, c in asked) <= H  # never more columns than a row has
     # The sample: the drafter's rows, then 2 target matrices x 3 maps (d2t, shifted back and forth); the scan: the
     # searched rows, every target row the map names once per matrix, 3 rows to confirm each match.
     sample, searched, hot = head_rows.SAMPLE, head_rows.SEARCHED_ROWS, len(set(frequent_ids))
@@ -195,3 +198,158 @@ def test_a_row_lines_up_only_where_its_own_target_row_also_scores_highest():
     found = head_rows.row_test(mine, theirs)
     assert found["threshold"] < 0.6
     assert (found["lined_up"], found["not_lined_up"]) == (n - 1, [0])
+
+
+def test_a_map_wrong_for_some_rows_only_names_where_those_rows_fit(capsys, made, tmp_path):
+    """Half the hot set permuted among itself: half the sampled rows line up (enough to show a related head), the
+    others are scanned and found at other target ids: a failure, not "cannot tell"."""
+    def half_permuted(hot):
+        first = hot[:len(hot) // 2]
+        return random.Random(2).sample(first, len(first)) + hot[len(hot) // 2:]
+
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "half", half_permuted)
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    assert result["status"] == "fail" and result["reason"].startswith("the rows fit other target ids than d2t says")
+    assert head_rows.RELATED_SHARE * 64 <= result["embed_tokens"]["rows"]["lined_up"] < head_rows.MIN_SHARE * 64
+
+
+def _rewrite_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case, words", [
+    ("tied", "lm_head is the embedding table (tie_word_embeddings): see embeddings"),
+    ("invalid map", "the d2t map is not valid (see mapping)"),
+    ("seven ids", "fewer than 8 draft ids: too few to compare"),
+    ("seven rows, no d2t", "fewer than 8 draft ids: too few to compare"),  # the head's rows are the draft ids
+    ("int head", "no 2-D float lm_head.weight to compare (see embeddings)"),
+    ("1-D head", "no 2-D float lm_head.weight to compare (see embeddings)"),
+    ("no head", "no 2-D float lm_head.weight to compare (see embeddings)"),
+    ("eight ids", None),
+    ("no target rows", "cannot tell: the target has no float embed_tokens / lm_head with a row per token"),
+])
+def test_each_reason_the_rows_cannot_be_compared(capsys, tmp_path, frequent_ids, case, words):
+    """Each of cannot_compare's reasons, on a drafter whose rows are otherwise the target's under its map."""
+    target = make_target(tmp_path / "target", weights=True)
+    ids = list(frequent_ids)
+    if case == "invalid map":
+        ids[10] = ids[9]
+    if case in ("seven ids", "eight ids", "seven rows, no d2t"):
+        ids = ids[:8 if case == "eight ids" else 7]
+    draft = make_draft(tmp_path / "draft", ids, head_from=target, draft_vocab=len(ids),
+                       with_t2d=case != "no target rows", with_head=case != "no head")
+    if case == "tied":
+        _rewrite_config(draft, tie_word_embeddings=True)
+    if case in ("int head", "1-D head", "seven rows, no d2t"):
+        tensors = raw_tensors(draft / "model.safetensors")
+        if case == "seven rows, no d2t":
+            del tensors["d2t"], tensors["t2d"]
+        else:
+            dtype, shape = ("I32", (len(ids), H)) if case == "int head" else ("BF16", (len(ids) * H,))
+            tensors["lm_head.weight"] = (dtype, shape, st.pack(dtype, [1] * len(ids) * H))
+        st.write_safetensors(draft / "model.safetensors", tensors)
+    if case == "no target rows":  # every matrix has fewer rows than the vocabulary: no row per token
+        _rewrite_config(target, vocab_size=DRAFT_VOCAB * 4)
+    result = by_name(check(capsys, "--draft", draft, "--target", target)[1])["lm_head rows"]
+    if words is None:  # eight rows, each its target row: compared, and they line up
+        assert result["status"] == "ok" and result["reason"].startswith("under d2t, 8 of 8 line up"), result
+    else:
+        assert (result["status"], result["reason"]) == ("skip", words)
+
+
+def test_the_structure_test_of_rows_all_alike_is_zero_not_an_error():
+    """Rows (or target rows) whose pairwise similarities do not vary: no correlation to speak of, z 0."""
+    alike = [[1.0, 0.0]] * 10
+    varied = [[1.0, 0.0] if i % 2 else [0.0, 1.0] for i in range(10)]
+    for mine, theirs in ((alike, varied), (varied, alike)):
+        assert head_rows.structure_test(mine, theirs) == {"r": 0.0, "null_mean": 0.0, "null_sd": 0.0, "z": 0.0,
+                                                          "pairs": 45}
+
+
+@pytest.mark.parametrize("zeroed, status", [(32, "ok"), (33, "skip")])
+def test_a_head_is_a_placeholder_when_more_than_half_its_sampled_rows_are_zero(capsys, made, tmp_path, zeroed,
+                                                                               status):
+    """Half the sampled rows zero: the other half is compared (and lines up); one more, and it is a placeholder."""
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "draft", lambda hot: hot)
+    file = draft / "model.safetensors"
+    tensors = raw_tensors(file)
+    head = list(st.read_tensor(file, "lm_head.weight")[2])
+    for i in head_rows.sample_ids(SHAPE.draft_vocab)[:zeroed]:
+        head[i * SHAPE.hidden:(i + 1) * SHAPE.hidden] = [0.0] * SHAPE.hidden
+    tensors["lm_head.weight"] = ("BF16", [SHAPE.draft_vocab, SHAPE.hidden], st.pack("BF16", head))
+    st.write_safetensors(file, tensors)
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    if status == "ok":
+        assert result["status"] == "ok" and result["reason"].startswith("under d2t, 32 of 32 line up")
+    else:
+        assert (result["status"], result["reason"]) == (
+            "skip", "cannot tell: the 64 sampled lm_head rows are zero (a placeholder?)")
+
+
+def test_a_target_whose_rows_are_zero_cannot_tell(capsys, tmp_path, frequent_ids):
+    """The drafter's rows are real, the target's sampled rows are zero (a placeholder target): nothing compared."""
+    weighted = make_target(tmp_path / "weighted", weights=True)
+    draft = make_draft(tmp_path / "draft", frequent_ids, head_from=weighted)
+    placeholder = make_target(tmp_path / "placeholder")
+    result = by_name(check(capsys, "--draft", draft, "--target", placeholder)[1])["lm_head rows"]
+    assert (result["status"], result["reason"]) == (
+        "skip", "cannot tell: the sampled target rows are zero (a placeholder target?)")
+
+
+@pytest.mark.parametrize("pairs, compared", [(7, False), (8, True)])
+def test_eight_pairs_of_nonzero_rows_are_the_least_compared(pairs, compared):
+    """compare() keeps the pairs where both rows are nonzero; fewer than 8 such pairs: nothing to say (None)."""
+    n = 10
+    identity = [[1.0 if k == i else 0.0 for k in range(n)] for i in range(n)]
+    target_rows = [row if i < pairs else [0.0] * n for i, row in enumerate(identity)]
+
+    class Target:
+        def rows(self, name, ids, columns):
+            return [target_rows[i] for i in ids]
+
+    class Ctx:
+        target = Target()
+
+    ref = head_rows.Reference("embed_tokens", "model.embed_tokens.weight", n)
+    found = head_rows.compare(Ctx(), ref, head_rows.unit_rows(identity), list(range(n)), n)
+    assert (found is not None) == compared
+    if compared:
+        assert (found["rows"]["lined_up"], found["rows"]["of"]) == (8, 8)
+
+
+def test_a_map_shifted_the_other_way_is_found_too(capsys, made, tmp_path):
+    """Draft id i mapped to the target id of draft id i-1: the rows fit d2t shifted by +1."""
+    draft = with_map(made["mixed"]["draft"]["path"], tmp_path / "back", lambda hot: [hot[i - 1] for i in range(len(hot))])
+    result = rows_check(capsys, draft, made["mixed"]["target"]["path"])
+    assert result["status"] == "fail" and result["shifted"]["by"] == 1
+    assert "draft id i's row belongs to the target id d2t gives draft id i+1" in result["reason"]
+
+
+def test_the_line_up_rule_and_the_structure_rule_hold_at_their_bounds():
+    """90% of the rows lining up is enough (9 of 10); STRUCTURE_Z SDs exactly is enough."""
+    assert head_rows.lines_up({"rows": {"lined_up": 9, "of": 10}}) is True
+    assert head_rows.lines_up({"rows": {"lined_up": 8, "of": 10}}) is False
+    assert head_rows.lines_up({"structure": {"z": 99.0}}) is False  # no row test (another width): never lines up
+    assert head_rows.agrees({"structure": {"z": head_rows.STRUCTURE_Z}}) is True
+    assert head_rows.agrees({"structure": {"z": head_rows.STRUCTURE_Z - 0.1}}) is False
+
+
+def test_the_structure_of_rows_against_themselves_correlates_fully():
+    """r is the correlation of the n(n-1)/2 pairwise similarities (each pair once, none with itself): 1.0 for rows
+    compared with themselves, well above the shuffled maps'."""
+    rng = random.Random(3)
+    rows = head_rows.unit_rows([[rng.uniform(-1, 1) for _ in range(16)] for _ in range(12)])
+    found = head_rows.structure_test(rows, rows)
+    assert found["pairs"] == 12 * 11 // 2 and found["r"] == 1.0
+    assert found["null_sd"] > 0 and found["z"] == round((1.0 - found["null_mean"]) / found["null_sd"], 1) > 5
+
+
+def test_the_columns_compared_are_spread_over_the_row():
+    assert head_rows.spread(64) == list(range(64))  # a narrow row: every value
+    wide = head_rows.spread(1024)
+    assert len(wide) == head_rows.COLUMNS and wide == sorted(set(wide)) and wide[0] == 0 and wide[-1] < 1024
+    assert head_rows.sample_ids(10) == list(range(10))
+    ids = head_rows.sample_ids(1000)
+    assert len(ids) == head_rows.SAMPLE and ids == sorted(set(ids)) and ids[-1] < 1000

@@ -195,3 +195,122 @@ def test_d2t_maps_of_different_lengths_never_agree_whatever_their_common_part(ca
     assert comparison["status"] == "fail" and comparison["agree"] == DRAFT_VOCAB - 10
     assert comparison["reason"].startswith(f"{DRAFT_VOCAB - 10} of {DRAFT_VOCAB} positions agree")
     assert comparison["reason"].endswith(f"lengths differ: {lengths[0]} vs {lengths[1]}")
+
+
+@pytest.mark.parametrize("dtype, shape", [("F32", (DRAFT_VOCAB,)), ("I64", (DRAFT_VOCAB, 1))])
+def test_a_d2t_that_is_not_a_1d_integer_tensor_fails_and_coverage_is_not_measured(capsys, tmp_path, pair,
+                                                                                frequent_ids, dtype, shape):
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", frequent_ids)
+    tensors = raw_tensors(draft / "model.safetensors")
+    tensors["d2t"] = (dtype, shape, st.pack(dtype, [0] * DRAFT_VOCAB))
+    st.write_safetensors(draft / "model.safetensors", tensors)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    assert code == 1 and by_name(report)["mapping"]["reason"] == (
+        f"d2t is {dtype} {list(shape)}, expected I64 [draft_vocab_size {DRAFT_VOCAB}]")
+    coverage = by_name(report)["coverage"]
+    assert (coverage["status"], coverage["reason"]) == ("skip", "the d2t map could not be read: coverage not measured")
+
+
+def test_a_valid_map_lets_the_lm_head_rows_be_compared(capsys, pair):
+    """The mapping check records a valid map (ctx.map_valid); the lm_head rows check compares only under one."""
+    target, draft = pair
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    assert by_name(report)["mapping"]["status"] == "ok" and by_name(report)["lm_head rows"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("with_d2t", [False, True])
+def test_a_draft_vocabulary_as_large_as_the_targets_is_no_problem(capsys, tmp_path, pair, with_d2t):
+    """draft_vocab_size == vocab_size: neither "larger than the target's" nor "no d2t but smaller"."""
+    target, _ = pair
+    draft = make_draft(tmp_path / "draft", list(range(TARGET_VOCAB)), draft_vocab=TARGET_VOCAB, with_t2d=False)
+    if not with_d2t:
+        tensors = raw_tensors(draft / "model.safetensors")
+        del tensors["d2t"]
+        st.write_safetensors(draft / "model.safetensors", tensors)
+    code, report = check(capsys, "--draft", draft, "--target", target)
+    mapping, coverage = by_name(report)["mapping"], by_name(report)["coverage"]
+    if with_d2t:
+        assert mapping["status"] == "ok" and mapping["reason"].startswith(f"d2t maps {TARGET_VOCAB} draft ids")
+    else:
+        assert (mapping["status"], mapping["reason"]) == (
+            "ok", "no d2t: the drafter predicts over the full target vocabulary")
+        assert (coverage["status"], coverage["reason"]) == (
+            "ok", "no d2t: the draft vocabulary is the whole target vocabulary")
+
+
+def test_without_a_target_the_map_is_held_to_the_drafters_vocab_size_and_coverage_skips(capsys, tmp_path,
+                                                                                         frequent_ids):
+    ids = list(frequent_ids)
+    ids[-1] = TARGET_VOCAB + 3  # the drafter's own vocab_size is TARGET_VOCAB
+    draft = make_draft(tmp_path / "draft", ids, with_t2d=False)
+    code, report = check(capsys, "--draft", draft)
+    assert f"1 target id out of range 0..511 (first: draft id {DRAFT_VOCAB - 1} -> {TARGET_VOCAB + 3})" \
+        in by_name(report)["mapping"]["reason"]
+    coverage = by_name(report)["coverage"]
+    assert (coverage["status"], coverage["reason"]) == (
+        "skip", "give --target (with a tokenizer.json) to measure vocabulary coverage")
+
+
+def test_coverage_is_the_share_of_the_texts_tokens_in_the_draft_vocabulary(capsys, tmp_path, pair, tokenizer_json,
+                                                                           frequent_ids):
+    from tokenizers import Tokenizer
+
+    target, draft = pair
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat; zzzz qqqq xxxx ~~ {{ }} \\\\ " * 3)
+    tokens = Tokenizer.from_file(str(tokenizer_json)).encode(text.read_text(), add_special_tokens=False).ids
+    share = sum(1 for t in tokens if t in set(frequent_ids)) / len(tokens)
+    code, report = check(capsys, "--draft", draft, "--target", target, "--text", text)
+    coverage = by_name(report)["coverage"]
+    assert 0 < share < 1 and round(share, 4) != round(share, 5)  # a share that four decimals round
+    assert (coverage["share"], coverage["tokens"]) == (round(share, 4), len(tokens))
+    assert coverage["reason"].startswith(f"{share:.1%} of the {len(tokens)} target tokens of t.txt are in the draft"
+                                         f" vocabulary ({DRAFT_VOCAB} ids; healthy: >= 80%)")
+
+
+def test_a_text_with_no_tokens_is_not_measured(capsys, tmp_path, pair):
+    target, draft = pair
+    text = tmp_path / "empty.txt"
+    text.write_text("")
+    code, report = check(capsys, "--draft", draft, "--target", target, "--text", text)
+    coverage = by_name(report)["coverage"]
+    assert (coverage["status"], coverage["reason"]) == ("skip", "empty.txt gives no tokens")
+
+
+@pytest.mark.parametrize("missing", ["mine", "theirs"])
+def test_a_comparison_with_a_drafter_without_d2t_names_which(capsys, tmp_path, pair, frequent_ids, missing):
+    target, reference = pair
+    bare = make_draft(tmp_path / "bare", frequent_ids)
+    tensors = raw_tensors(bare / "model.safetensors")
+    del tensors["d2t"]
+    st.write_safetensors(bare / "model.safetensors", tensors)
+    mine, theirs = (bare, reference) if missing == "mine" else (reference, bare)
+    code, report = check(capsys, "--draft", mine, "--target", target, "--compare-d2t", theirs)
+    which = "the drafter" if missing == "mine" else "the --compare-d2t drafter"
+    comparison = by_name(report)["comparison"]
+    assert code == 1 and (comparison["status"], comparison["reason"]) == (
+        "fail", f"{which} has no d2t tensor: nothing to compare")
+
+
+@pytest.mark.parametrize("layer_ids, status", [((2, 30, 58), "ok"), ((3, 31, 59), "warn")])
+def test_maps_that_agree_everywhere_warn_only_when_the_layer_ids_differ(capsys, tmp_path, pair, frequent_ids,
+                                                                       layer_ids, status):
+    target, reference = pair
+    other = make_draft(tmp_path / "other", frequent_ids, layer_ids=layer_ids)
+    code, report = check(capsys, "--draft", reference, "--target", target, "--compare-d2t", other)
+    comparison = by_name(report)["comparison"]
+    expected = f"all {DRAFT_VOCAB} d2t positions agree"
+    if status == "warn":
+        expected += "; layer ids differ: [2, 30, 58] here, [3, 31, 59] there"
+    assert (comparison["status"], comparison["reason"]) == (status, expected)
+    assert (comparison["agree"], comparison["positions"], comparison["shared_target_ids"]) == (
+        DRAFT_VOCAB, DRAFT_VOCAB, DRAFT_VOCAB)
+
+
+def test_the_positions_compared_are_the_longer_maps(capsys, tmp_path, pair, frequent_ids):
+    target, reference = pair
+    short = make_draft(tmp_path / "short", frequent_ids[:-10], draft_vocab=DRAFT_VOCAB - 10)
+    code, report = check(capsys, "--draft", short, "--target", target, "--compare-d2t", reference)
+    comparison = by_name(report)["comparison"]
+    assert (comparison["positions"], comparison["shared_target_ids"]) == (DRAFT_VOCAB, DRAFT_VOCAB - 10)

@@ -289,3 +289,74 @@ def test_the_ipc_verdict_never_asks_less_than_the_noise_floor_and_decides_up_to_
     assert nccl_verdict.ipc_verdict({1: 100.0}, {1: limit}, [{1: 80.0}])["wins"] == {1: True}
     above = nccl_verdict.ipc_verdict({1: 100.0}, {1: limit + 1e-9}, [{1: 80.0}])
     assert above["wins"] == {1: False} and above["undecided"] == [1]
+
+
+@pytest.mark.parametrize("values, center, spread", [
+    ([100, 101, 103, 110, 150], 103, 7 / 103),  # the second-largest deviation of five runs: 150's 47 is ignored
+    ([100, 110], 105, 5 / 105),  # two runs: both deviate by 5
+    ([100], 100, 0.0),  # one run: no spread to measure
+])
+def test_the_robust_spread_is_the_second_largest_deviation(values, center, spread):
+    assert nccl_verdict.robust_spread(values, center) == pytest.approx(spread)
+
+
+def test_only_integer_keys_of_a_run_are_sizes():
+    """A run's extra keys (a note, a flag) are not sizes to judge: neither strings nor booleans."""
+    noted = [dict(run, note="warm", **{"x": 1}) for run in STEADY]
+    assert nccl_verdict._sizes(noted) == [1, 8]
+    verdict = choose({"default": noted, "pcie": runs((9, 19), (9, 19))}, PROFILES)
+    assert verdict.sizes == [1, 8] and verdict.winner == "pcie"
+
+
+HUNDRED = runs((100, 100), (100, 100), (100, 100))  # the defaults at 100 us at both sizes, no spread
+
+
+def test_exactly_the_slower_tolerance_is_not_slower():
+    """+3% at one size is at the limit, not beyond it: the candidate (twice as fast at the other size) wins."""
+    verdict = choose({"default": HUNDRED, "edge": runs((50, 103), (50, 103))}, {})
+    assert verdict.winner == "edge" and verdict.worst_ratio["edge"] == 1.03
+    assert verdict.reason.startswith("edge: at most 3% slower than NCCL's defaults")
+    beyond = choose({"default": HUNDRED, "edge": runs((50, 103.1), (50, 103.1))}, {})
+    assert beyond.winner == "default" and beyond.rejected["edge"].startswith("slower than defaults at 8 tok")
+
+
+def test_exactly_the_noise_faster_is_not_faster_beyond_it():
+    """The defaults' fastest run less the 3% noise floor is 97 us: 97 is not beyond it, 96.9 is."""
+    at = choose({"default": HUNDRED, "edge": runs((97, 100), (97, 100))}, {})
+    assert at.winner == "default" and at.rejected["edge"] == "not faster than defaults beyond the noise at any size"
+    assert choose({"default": HUNDRED, "edge": runs((96.9, 100), (96.9, 100))}, {}).winner == "edge"
+
+
+def test_never_slower_includes_equal_to_the_baseline_and_ranks_first():
+    """A: equal to the baseline at 8 tok (ratio exactly 1), faster at 1. C: a larger mean gain, but 1% slower at 8
+    tok. Never-slower (at or below the baseline everywhere) ranks first, whatever the gain."""
+    verdict = choose({"default": HUNDRED, "C": runs((40, 101), (40, 101)), "A": runs((50, 100), (50, 100))}, {})
+    assert verdict.gain["C"] > verdict.gain["A"] and verdict.worst_ratio["A"] == 1.0
+    assert verdict.qualified == ["A", "C"] and verdict.winner == "A"
+    assert verdict.reason.startswith("A: never slower than NCCL's defaults")
+
+
+def test_a_candidates_fastest_and_slowest_runs_are_recorded():
+    verdict = choose({"default": HUNDRED, "pcie": runs((60, 90), (50, 95))}, PROFILES)
+    assert verdict.fastest["pcie"] == {1: 50, 8: 90} and verdict.worst["pcie"] == {1: 60, 8: 95}
+
+
+@pytest.mark.parametrize("eight, words", [
+    ((100, 112, 88), "spread 20.0% at 1 tok (and more than 10% at 1 more sizes)"),  # the worst size is named
+    ((100, 100, 100), "spread 20.0% at 1 tok (more than 10%)"),
+])
+def test_too_noisy_names_the_noisiest_size_and_how_many_more(eight, words):
+    defaults = runs(*zip((100, 120, 80), eight))
+    verdict = choose({"default": defaults, "pcie": runs((50, 50), (50, 50))}, PROFILES)
+    assert verdict.winner == "default" and verdict.undecided == f"too noisy to decide: the defaults' 3 runs {words}"
+
+
+def test_ipc_exactly_the_noise_faster_is_no_win():
+    at = nccl_verdict.ipc_verdict({1: 100, 2: 100}, {1: 0.03, 2: 0.03}, [{1: 97, 2: 96.9}, {1: 96, 2: 96}])
+    assert at["wins"] == {1: False, 2: True} and at["max_tokens"] is None and at["worst"] == {1: 97, 2: 96.9}
+
+
+def test_too_few_defaults_runs_at_a_single_size_judge_no_candidate():
+    verdict = choose({"default": [{1: 100}, {1: 100}], "pcie": [{1: 50}, {1: 50}]}, PROFILES)
+    assert verdict.winner == "default" and verdict.noise == {1: None}
+    assert verdict.rejected["pcie"] == "not judged: the defaults' runs do not bound the noise"
