@@ -675,10 +675,12 @@ def test_the_record_bounds_are_the_documented_ones():
     assert Record.from_json(Record(0, "h", None, {"A": ("x" * 300, None)}).to_json()).values["A"][0] == "x" * 256
 
 
-def test_a_fresh_process_has_not_compared_yet():
+def test_a_fresh_process_has_not_compared_yet(monkeypatch):
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location("agreement_fresh", agreement.__file__)
     fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "agreement_fresh", fresh)  # dataclasses look their module up there
     spec.loader.exec_module(fresh)
     assert fresh._checked is False
