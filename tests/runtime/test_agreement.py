@@ -440,3 +440,247 @@ def test_strict_mode_stops_where_a_rank_sent_nothing_and_says_whose_settings_are
     logged.clear()
     result = agreement.agree(DictStore(), 0, 2, env, strict=False, wait_s=0)  # without strict: said, and on
     assert result.unknown == [1] and result.differing == [] and len(logged) == 2
+
+
+# -- the pieces, at their edges (issue #34 item 10)
+
+def test_a_record_speaks_for_every_name_unless_cut_then_up_to_its_last():
+    whole = Record(0, "h", None, {"B": ("1", None)})
+    assert whole.holds("A") and whole.holds("Z")
+    cut = Record(0, "h", None, {"A": ("1", None), "B": ("1", None)}, cut=3)
+    assert cut.last == "B" and cut.holds("A") and cut.holds("B") and not cut.holds("C")
+    empty = Record(0, "h", None, {}, cut=5)
+    assert empty.last is None and not empty.holds("A")
+
+
+def test_the_names_compared_stop_at_the_shortest_cut_record_inclusive():
+    full = Record(0, "a", 0, {n: ("1", None) for n in "ABCD"})
+    cut = Record(1, "b", 1, {n: ("1", None) for n in "AB"}, cut=2)
+    assert agreement.compared([full, cut]) == ["A", "B"]
+    assert agreement.compared([full, Record(1, "b", 1, {}, cut=4)]) == []
+    assert agreement.compared([full]) == ["A", "B", "C", "D"]
+
+
+def test_the_node_rank_edges(monkeypatch):
+    assert agreement.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "1"}, []) == 0  # one node: every rank is node 0
+    assert agreement.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "0"}, []) is None
+    monkeypatch.setattr(agreement.sys, "argv", ["--node-rank=3", "--nnodes=2"])  # argv[0] is the program
+    assert agreement.node_rank(5, 8, {}) is None
+    monkeypatch.setattr(agreement.sys, "argv", ["sglang", "--nnodes=2", "--node-rank=3"])
+    assert agreement.node_rank(5, 8, {}) == 3
+
+
+def test_a_record_without_a_node_rank_is_placed_by_its_host_before_node_zero():
+    nameless, zero = Record(1, "b", None, {}), Record(0, "a", 0, {})
+    assert agreement.node_of(nameless) == (-1, "b")
+    assert sorted([zero, nameless], key=agreement.node_of) == [nameless, zero]
+
+
+def test_a_value_of_exactly_the_shown_length_is_shown_whole():
+    text = "x" * agreement.SHOWN_CHARS
+    assert agreement.shown((text, None, len(text), agreement.digest(text))) == repr(text)
+    longer = text + "y"
+    assert agreement.shown((longer, "/f", len(longer), agreement.digest(longer))).startswith(f"'{text}...' (")
+
+
+def test_the_same_value_from_two_files_is_shown_apart():
+    """Values are compared whole; the file each came from is shown: two ranks with the same value from different
+    files are two parts of the line (no difference by themselves)."""
+    recs = [Record(0, "a", 0, {"NCCL_PROTO": ("LL", "/etc/nccl.conf")}),
+            Record(1, "a", 0, {"NCCL_PROTO": ("LL", "/home/u/.nccl.conf")}),
+            Record(2, "b", 1, {"NCCL_PROTO": ("Simple", None)})]
+    line = agreement.differences(recs)["NCCL_PROTO"]
+    assert line.count("'LL' from") == 2 and "'Simple'" in line
+    assert agreement.differences(recs[:2]) == {}
+
+
+def test_the_cut_line_counts_one_total_or_a_range():
+    same = [Record(r, "h", 0, {"A": ("1", None)}, cut=9) for r in (0, 1)]
+    assert agreement.cut_line(same).startswith(f"{agreement.PREFIX}: ranks 0-1 sent only their first 1 settings (by "
+                                               "name) of 10 (a record holds")
+    assert agreement.cut_line(same).endswith(": settings after A were not compared")
+    apart = [same[0], Record(1, "h", 0, {"A": ("1", None), "B": ("1", None)}, cut=20)]
+    assert "sent only their first 1-2 settings (by name) of 10-22" in agreement.cut_line(apart)
+    assert agreement.cut_line([Record(0, "h", 0, {"A": ("1", None)})]) is None
+
+
+def test_a_record_of_exactly_the_bound_is_read_and_a_source_must_be_text():
+    raw = Record(0, "h", None, {"A": ("1", None)}).to_json()
+    assert raw.startswith(b'{"cut": 0, "host": "h"')  # keys in order: the same record, the same bytes
+    padded = raw + b" " * (agreement.MAX_RECORD_BYTES - len(raw))
+    assert Record.from_json(padded).values["A"][0] == "1"
+    with pytest.raises(ValueError):
+        Record.from_json(b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1", 5, 1, "d"]}, "cut": 0}')
+
+
+class FakeDist:
+    def __init__(self, initialized=True, world=2, rank=0, store=True):
+        self.initialized, self.world, self.rank = initialized, world, rank
+        self.distributed_c10d = type("C10d", (), {"_get_default_store": staticmethod(lambda: "store")})() \
+            if store else type("C10d", (), {})()
+
+    def is_initialized(self):
+        return self.initialized
+
+    def get_world_size(self):
+        return self.world
+
+    def get_rank(self):
+        return self.rank
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """A torch.distributed that says what a test wants; check_once not yet run in this process."""
+    import sys
+    import types
+
+    dist = FakeDist()
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    monkeypatch.setitem(sys.modules, "torch.distributed.distributed_c10d", dist.distributed_c10d)
+    monkeypatch.setattr(agreement, "_checked", False)
+    monkeypatch.setattr(agreement, "local_gpu_count", lambda env: 8)
+    monkeypatch.setattr("sglang_pcie.runtime.settings._PROCESS_SETTINGS", None)
+    calls = []
+    monkeypatch.setattr(agreement, "agree", lambda store, rank, world, env, strict: calls.append(
+        (store, rank, world, strict)) or "verdict")
+    return dist, calls
+
+
+@pytest.mark.parametrize("initialized, world, env, runs", [
+    (False, 16, {"SGLANG_PCIE_NNODES": "2"}, False),
+    (True, 1, {"SGLANG_PCIE_NNODES": "2"}, False),  # one rank: nothing to compare
+    (True, 2, {"SGLANG_PCIE_NNODES": "2"}, True),  # two ranks on two nodes
+    (True, 8, {}, False),  # eight ranks, eight GPUs here: one node
+    (True, 16, {}, True),  # sixteen ranks, eight GPUs here
+])
+def test_check_once_runs_where_the_world_spans_nodes_and_only_once(fake_torch, monkeypatch, initialized, world,
+                                                                   env, runs):
+    dist, calls = fake_torch
+    dist.initialized, dist.world, dist.rank = initialized, world, 1
+    monkeypatch.delenv("SGLANG_PCIE_STRICT", raising=False)
+    assert agreement.check_once(env) == ("verdict" if runs else None)
+    assert calls == ([("store", 1, world, False)] if runs else [])
+    assert agreement.check_once(env) is None and len(calls) == (1 if runs else 0)  # once per process
+
+
+def test_check_once_reads_the_process_environment_by_default(fake_torch, monkeypatch):
+    dist, calls = fake_torch
+    monkeypatch.setenv("SGLANG_PCIE_NNODES", "2")
+    assert agreement.check_once() == "verdict" and len(calls) == 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_comparison_that_fails_is_one_warning_or_with_strict_a_stop(fake_torch, monkeypatch, strict):
+    from sglang_pcie.runtime.results import StrictModeError
+
+    def broken(store, rank, world, env, strict):
+        raise OSError("store gone")
+
+    monkeypatch.setattr(agreement, "agree", broken)
+    monkeypatch.setenv("SGLANG_PCIE_STRICT", "1" if strict else "0")
+    warned = []
+    monkeypatch.setattr(agreement.logger, "warning", lambda line, *a: warned.append(line))
+    line = f"{agreement.PREFIX}: NCCL settings of the nodes not compared: OSError: store gone"
+    if strict:
+        with pytest.raises(StrictModeError, match="SGLANG_PCIE_STRICT=1 and"):
+            agreement.check_once({"SGLANG_PCIE_NNODES": "2"})
+        assert warned == []
+    else:
+        assert agreement.check_once({"SGLANG_PCIE_NNODES": "2"}) is None and warned == [line]
+
+
+def test_the_runtime_problem_names_a_torch_without_the_default_store(fake_torch, monkeypatch):
+    import sys
+
+    assert agreement.runtime_problem() is None
+    bare = FakeDist(store=False)
+    monkeypatch.setattr(sys.modules["torch.distributed"], "distributed_c10d", bare.distributed_c10d)
+    assert agreement.runtime_problem() == ("torch.distributed has no _get_default_store (the store the nodes' "
+                                           "settings travel through)")
+
+
+def test_an_elastic_joiner_does_not_compare(monkeypatch):
+    ran = []
+    monkeypatch.setattr(agreement, "check_once", lambda: ran.append(1))
+    init = agreement.wrap(lambda *a, **k: "done")
+    assert init(recovered_rank=True) == "done" and ran == []
+    assert init() == "done" and init(recovered_rank=False) == "done" and ran == [1, 1]
+
+
+def test_nccls_user_file_is_in_the_home_nccl_finds():
+    assert agreement.conf_files({}, home="/home/u") == ["/home/u/.nccl.conf", "/etc/nccl.conf"]
+    import pwd
+
+    assert agreement.conf_files({}) == [os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf"),
+                                        "/etc/nccl.conf"]
+    assert agreement.conf_files({"NCCL_CONF_FILE": "/x.conf"}, home="/home/u") == ["/x.conf", "/etc/nccl.conf"]
+
+
+def test_a_valid_record_over_the_byte_bound_is_refused():
+    raw = Record(0, "h", None, {"A": ("1", None)}).to_json()
+    with pytest.raises(ValueError, match="bytes"):
+        Record.from_json(raw + b" " * (agreement.MAX_RECORD_BYTES + 1 - len(raw)))
+
+
+def test_the_versions_compared_are_each_under_its_own_name(monkeypatch):
+    import sys
+    import types
+
+    nccl = types.ModuleType("torch.cuda.nccl")
+    nccl.version = lambda: (2, 27, 5)
+    cuda = types.ModuleType("torch.cuda")
+    cuda.nccl = nccl
+    torch = types.ModuleType("torch")
+    torch.cuda = cuda
+    for name, module in (("torch", torch), ("torch.cuda", cuda), ("torch.cuda.nccl", nccl),
+                         ("sglang", types.SimpleNamespace(__version__="0.5.23"))):
+        monkeypatch.setitem(sys.modules, name, module)
+    import sglang_pcie
+
+    found = agreement.versions()
+    assert found == {agreement.VERSIONS[0]: (sglang_pcie.__version__, None),
+                     agreement.VERSIONS[1]: ("0.5.23", None), agreement.VERSIONS[2]: ("2.27.5", None)}
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    assert agreement.VERSIONS[1] not in agreement.versions()  # not read: not compared
+
+
+def test_one_visible_device_per_process_does_not_count_the_nodes_gpus(monkeypatch):
+    import sys
+    import types
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 8)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert agreement.local_gpu_count({}) == 8
+    for flag in ("1", "true", "Yes", " on "):
+        assert agreement.local_gpu_count({"SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS": flag}) is None
+    assert agreement.local_gpu_count({"SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS": "0"}) == 8
+
+
+def test_the_record_bounds_are_the_documented_ones():
+    """docs/node-agreement.md: at most 512 values and 256 KiB a record; longer than 80 characters shown cut, with
+    12 hex digits of the sha256; the digest sent is 128 bits (32 hex characters)."""
+    many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(600)})
+    sent = Record.from_json(many.to_json())
+    assert (len(sent.values), sent.cut) == (512, 88)
+    assert "(a record holds at most 512 values and 262144 bytes)" in agreement.cut_line([sent])
+    value = sent.values["NCCL_V000"]
+    assert len(value[3]) == 32 and value[3] == agreement.digest("1")
+    text = "v" * 81
+    assert agreement.shown((text, None, 81, agreement.digest(text))) == (
+        f"'{'v' * 80}...' (81 chars, sha256 {agreement.digest(text)[:12]})")
+    assert Record.from_json(Record(0, "h", None, {"A": ("x" * 300, None)}).to_json()).values["A"][0] == "x" * 256
+
+
+def test_a_fresh_process_has_not_compared_yet(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("agreement_fresh", agreement.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "agreement_fresh", fresh)  # dataclasses look their module up there
+    spec.loader.exec_module(fresh)
+    assert fresh._checked is False

@@ -104,3 +104,53 @@ def test_percentiles_stay_bounded_over_long_intervals():
     assert len(series.samples) == ep.RESERVOIR and series.count == 100_000
     assert series.mean == pytest.approx(499.5)
     assert 400 < series.quantile(0.5) < 600  # a uniform sample's median
+
+
+# -- the figures at their documented edges (issue #34 item 10; docs/eagle3-profile.md)
+
+from sglang_pcie.runtime.eagle_profiler import records  # noqa: E402
+
+
+def test_quantiles_are_given_from_twenty_samples_and_interpolate_like_numpy():
+    import random
+
+    series = records.Series(random.Random(0))
+    for v in range(19):
+        series.add(float(v))
+    assert series.quantile(0.5) is None and series.summary()["p50"] is None
+    series.add(19.0)
+    assert series.quantile(0.5) == 9.5 and series.summary() == {"n": 20, "mean": 9.5, "p50": 9.5, "p90": 17.1}
+    assert records.quantile([1.0, 2.0, 4.0], 1.0) == 4.0 and records.quantile([1.0, 2.0, 4.0], 0.75) == 3.0
+    assert records.quantile([5.0], 0.9) == 5.0 and records.quantile([], 0.5) is None
+
+
+def test_gpu_busy_below_ninety_percent_is_host_bound():
+    assert records.bound(0.9) == "GPU-bound" and records.bound(0.8999) == "host-bound" and records.bound(None) is None
+
+
+@pytest.mark.parametrize("hist, draft_tokens, expected", [
+    ([3, 1], 3, [3, 1, 0, 0]),  # spec_draft_tokens + 1 entries
+    ([3, 1, 0, 0], 3, [3, 1, 0, 0]),
+    ([3, 1, 0, 0, 2], 3, [3, 1, 0, 0, 2]),  # a larger value seen: kept
+    ([3], 0, [3]),
+    ([], 0, [0]),
+    ([3, 1], None, [3, 1]),  # draft tokens unknown: as counted
+])
+def test_a_histogram_is_padded_to_the_draft_tokens(hist, draft_tokens, expected):
+    assert records.padded(hist, draft_tokens) == expected
+
+
+def test_tokens_count_only_for_a_batch_with_a_token_count():
+    stats = ep.IntervalStats()
+    stats.add_tokens(0, 5, [1, 1])
+    stats.add_tokens(4, None, [1, 1])
+    assert (stats.requests, stats.tokens, stats.token_cycles) == (0, 0, 0)
+    stats.add_tokens(4, 9, [1, 2, 1])
+    stats.add_tokens(2, 3, [0, 1, 0, 0, 1])
+    assert (stats.requests, stats.tokens, stats.token_cycles) == (6, 12, 2)
+    assert stats.accept_hist == [1, 3, 1, 0, 1]
+
+
+def test_a_record_is_strict_json_and_an_empty_histogram_reads_as_a_dash():
+    assert records.to_json({"x": float("nan"), "y": [float("inf"), 1.0]}) == '{"x": null, "y": [null, 1.0]}'
+    assert records._hist_text([]) == "-" and records._hist_text(None) == "-" and records._hist_text([2, 1]) == "2,1"
