@@ -252,6 +252,33 @@ REGISTER = (
                        "launch option (named in the detail), the world group builds no PyNccl communicator, "
                        "initialize_model_parallel is there"),
     ),
+    Entry(
+        id="draft-token-watch",
+        module="sglang_pcie.patching.draft_token_watch",
+        payload="sglang_pcie.runtime.draft_watch:wrap",
+        targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2"),
+        releases=COVERED,
+        opt_in=None,
+        summary=("EAGLE chain runs: one warning per server when target tokens the drafter proposes first are never "
+                 "accepted (a partly wrong vocabulary map), naming them and the check-drafter command"),
+        why=("A drafter with 10% of its d2t permuted within its hot set served identical text at accept length 2.51 "
+             "instead of 2.76 and 0.89x batch throughput on one H200, far above the accept-length alarm's 1.10; the "
+             "Kimi-K2.5 deployment's drafter built for the previous model revision gave about 1.5 instead of 2.0. "
+             "Only check-drafter, run by hand, named them."),
+        upstream=(),
+        upstream_note="none: SGLang counts accepted drafts per request, never per proposed token",
+        checked="2026-12-03",
+        remove_when="SGLang reports per-token draft acceptance or checks the drafter's vocabulary map itself",
+        upstream_check=("never upstream so far; statically: the worker classes' verify(self, batch), the result "
+                        "fields holding the accepted drafts, EagleVerifyInput.draft_token"),
+        runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EAGLEWorker.verify and "
+                        "EAGLEWorkerV2.verify with sglang_pcie.runtime.draft_watch.wrap: on a sample of verifies "
+                        "(at most 0.05% of the verify interval in host time, as measured by the watch) two "
+                        "index_add_ on the GPU count each first draft and its acceptance per target token; a "
+                        "non-blocking read-back every 10 s; TP rank 0, top-k 1 only"),
+        static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "
+                       "fields in the worker module, draft_token in eagle_info"),
+    ),
 )
 
 

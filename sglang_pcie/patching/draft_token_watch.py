@@ -1,0 +1,179 @@
+"""draft-token-watch: one warning per server when some of an EAGLE chain drafter's first drafts are never accepted.
+
+The watch itself lives in ``sglang_pcie.runtime.draft_watch``; this module says where it hooks in each release,
+wraps the hook at import (runtime) or writes the lines that do the same (versioned diffs), and checks both.
+
+The hook: the EAGLE worker's ``verify(self, batch)``, which reads its drafts from ``batch.spec_info.draft_token``
+(``EagleVerifyInput``: per request the verified token, then the chain's drafts) and returns the per-request
+acceptance: v2 (``EAGLEWorkerV2`` in ``eagle_worker_v2.py``, every covered release; SGLang's default from 0.5.11) a
+result with ``accept_lens`` (accepted drafts + 1, on the GPU); v1 (``EAGLEWorker`` in ``eagle_worker.py``, up to
+0.5.12.post1; the default up to 0.5.10.post1) a tuple holding the verify output with the accepted drafts per
+request on the host (``accept_length_per_req_cpu``; ``num_accepted_drafts_per_req_cpu`` in 0.5.11, ``num_correct_drafts_per_req_cpu`` from 0.5.12).  eagle3-profile
+decorates the same methods; this diff binds its wrapper after the class instead (a line appended to the module),
+so the two diffs never touch the same lines and the watch sits outside the profiler's timer, as at runtime.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+from types import ModuleType
+from typing import Mapping
+
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
+                                         Patch, Result, is_patched)
+from sglang_pcie.patching import baked, register, wrapping
+from sglang_pcie.patching.edits import SourceEdits
+from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.runtime import draft_watch
+
+V1 = "sglang.srt.speculative.eagle_worker"
+V2 = "sglang.srt.speculative.eagle_worker_v2"
+INFO = "sglang.srt.speculative.eagle_info"  # EagleVerifyInput and its draft_token
+METHOD = "verify"
+PARAMETERS = ("self", "batch")
+# module -> (kind, class, the result fields any one of which says how many drafts each request accepted)
+TARGETS = {
+    V1: ("v1", "EAGLEWorker", draft_watch.V1_FIELDS),
+    V2: ("v2", "EAGLEWorkerV2", ("accept_lens",)),
+}
+# The covered releases that have each worker module (first, last; None: still there in the newest).
+MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
+PATCH_ID = draft_watch.PATCH_ID
+COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
+
+
+class DraftTokenWatch(Patch):
+    id = PATCH_ID
+
+    # -- static
+
+    def _inspect(self, tree: SourceTree):
+        present, problems = {}, []
+        for module, (kind, cls_name, fields) in TARGETS.items():
+            if tree.source(module) is None:
+                if _expected(module, tree.version):
+                    problems.append(f"{module} is missing (every covered release {_span(module)} has it: moved or "
+                                    "renamed?)")
+                continue
+            present[module] = kind
+            problems.extend(f"{module}: {p}" for p in _shape_problems(tree, module, cls_name, fields))
+        if present and "draft_token" not in _names(tree, INFO):
+            problems.append(f"{INFO}: EagleVerifyInput no longer has draft_token (the drafts the watch counts)")
+        return present, problems
+
+    def check_source(self, tree: SourceTree) -> Result:
+        present, problems = self._inspect(tree)
+        if problems:
+            return Result(DRIFTED, "; ".join(problems))
+        if not present:
+            return Result(NOT_APPLICABLE, "no EAGLE worker module (srt/speculative/eagle_worker*.py)")
+        if all(COMMENT in tree.source(m) for m in present):
+            return Result(APPLIED, "source carries the sglang-pcie diff")
+        return Result(APPLICABLE, "watches " + "; ".join(_describe(m) for m in present))
+
+    def rewrite(self, tree: SourceTree) -> dict[str, str]:
+        if self.check_source(tree).status != APPLICABLE:
+            return {}
+        present, _ = self._inspect(tree)
+        return {module: _append_binding(tree, module) for module in present if COMMENT not in tree.source(module)}
+
+    # -- runtime
+
+    def install(self, module: ModuleType, settings) -> Result:
+        if module.__name__ not in TARGETS:
+            return Result(NOT_APPLICABLE, f"{module.__name__} is not an EAGLE worker module")
+        kind, cls_name, _ = TARGETS[module.__name__]
+        cls = getattr(module, cls_name, None)
+        if not inspect.isclass(cls):
+            raise Drift(f"{module.__name__}.{cls_name} is missing")
+        function = wrapping.member(cls, METHOD)
+        if not inspect.isfunction(function):
+            raise Drift(f"{cls_name}.{METHOD} is missing or not a plain function")
+        if not is_patched(function, self.id):
+            parameters = tuple(inspect.signature(inspect.unwrap(function)).parameters)[:len(PARAMETERS)]
+            if parameters != PARAMETERS:
+                raise Drift(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+            wrapping.wrap_member(cls, METHOD, functools.partial(draft_watch.wrap, kind=kind), self.id)
+        return Result(APPLIED, _describe(module.__name__))
+
+    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
+        reason = self.disabled_reason(settings)
+        if reason:
+            return Result(DISABLED, reason)
+        present = [name for name in TARGETS if name in modules]
+        if not present:
+            return Result(NOT_APPLICABLE, "no EAGLE worker module in this release")
+        missing = [f"{TARGETS[name][1]}.{METHOD}" for name in present
+                   if not is_patched(getattr(getattr(modules[name], TARGETS[name][1], None), METHOD, None), self.id)]
+        if missing:
+            return Result(DRIFTED, "not watched: " + ", ".join(missing))
+        return Result(APPLIED, "watching " + "; ".join(_describe(name) for name in present))
+
+
+PATCH = DraftTokenWatch()
+
+
+def _describe(module_name: str) -> str:
+    kind, cls_name, fields = TARGETS[module_name]
+    return f"{kind} {cls_name}.{METHOD} (first drafts per token, sampled; reads {' or '.join(fields)})"
+
+
+def _span(module: str) -> str:
+    first, last = MODULE_RELEASES[module]
+    return f"{first} to {last}" if last else f"from {first} on"
+
+
+def _expected(module: str, version: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    first, last = MODULE_RELEASES[module]
+    try:
+        release = Version(version)
+    except InvalidVersion:
+        return False
+    return release >= Version(first) and (last is None or release <= Version(last))
+
+
+def _names(tree: SourceTree, module: str) -> set[str]:
+    """Attribute, keyword and annotated names in ``module`` (empty where it is missing)."""
+    module_tree = tree.tree(module) if tree.source(module) is not None else None
+    names = set()
+    for node in ast.walk(module_tree) if module_tree is not None else ():
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:
+    if tree.find_class(module, cls_name) is None:
+        return [f"class {cls_name} missing"]
+    found = tree.method(module, cls_name, METHOD, concrete=True)
+    if found is None:
+        return [f"{cls_name}.{METHOD} missing"]
+    function = found[2]
+    if isinstance(function, ast.AsyncFunctionDef):
+        return [f"{cls_name}.{METHOD} is a coroutine function now"]
+    problems = []
+    parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(PARAMETERS)]
+    if parameters != PARAMETERS:
+        problems.append(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+    if not any(field in _names(tree, module) for field in fields):
+        problems.append(f"{cls_name}'s verify result carries none of {', '.join(fields)} (the accepted drafts the "
+                        "watch reads)")
+    return problems
+
+
+def _append_binding(tree: SourceTree, module: str) -> str:
+    """The module's source with the guard and the line wrapping ``<class>.verify`` appended at its end."""
+    kind, cls_name, _ = TARGETS[module]
+    source = tree.source(module)
+    edits = SourceEdits(source)
+    end = len(source.splitlines())
+    edits.insert_lines(end + 1, "\n\n" + baked.guard_block(PATCH_ID)
+                       + baked.rebinding(PATCH_ID, f"{cls_name}.{METHOD}", kind), indent="")
+    return edits.text()
