@@ -37,6 +37,14 @@ work() {
            d2t-permuted-40pct ) > $W/make-models.txt 2>&1
   ls $M >> $W/make-models.txt
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
+  if [ -n "${QUICK:-}" ]; then  # one bench only (a lease short of time): repetitive traffic, one server each
+    stamp bench-quick
+    ( time python3 -m sglang_pcie bench --out $W/quick --repeats 1 --token-range 10:14 --start-timeout 420 \
+        --variant baseline --variant overlay --variant "$(variant d2t10 d2t-permuted-10pct)" \
+        --variant "$(variant d2t40 d2t-permuted-40pct)" --variant "$(variant layers1 layer-ids-plus1)" \
+        -- "${LAUNCH[@]}" ) > $W/quick.stdout 2> $W/quick.stderr
+    echo "bench exit $?" >> $W/quick.stdout; stamp done; touch $W/DONE; return
+  fi
   stamp bench-default
   ( time python3 -m sglang_pcie bench --out $W/default --repeats 2 --start-timeout 420 \
       --variant baseline --variant overlay \
@@ -55,7 +63,7 @@ work() {
 
 progress() {
   grep "^===" /tmp/$NAME.log | tail -n 3
-  tail -n 2 $W/default/progress.log $W/repetitive/progress.log 2>/dev/null
+  tail -n 2 $W/quick/progress.log $W/default/progress.log $W/repetitive/progress.log 2>/dev/null
   grep -l "draft-token-watch\|accept-length-alarm" $W/*/runs/*/server.log 2>/dev/null
 }
 

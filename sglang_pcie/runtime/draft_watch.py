@@ -5,7 +5,7 @@ context: that token is proposed and then rejected, every time.  A drafter with 1
 token-identical text at accept length 2.51 instead of 2.76 and 0.89x batch throughput on one H200, far above the
 accept-length alarm's 1.10.  This watch counts, per target token, how often the drafter proposed it at the first
 draft position and how often the target accepted it, on the GPU, on a sample of verifies, and reads the counts
-back rarely (a non-blocking copy).
+back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).
 
 The test (numbers and why: docs/draft-token-watch.md).  H0, a healthy drafter: every token it proposes first is
 accepted at least ``FLOOR_SHARE`` times as often as its first drafts overall (p_bar).  Under H0 a token proposed n
@@ -92,6 +92,8 @@ class DraftWatch:
         self.counts = None  # GPU: [proposed per token | accepted per token], int64
         self.host = self.ready = None  # pinned copy of counts, and the event that says it is complete
         self.pending = False
+        self.counted = 0  # first drafts counted (known on the host: the batch sizes)
+        self.counted_at_read = 0
         self.last_read = None
         self.looks = 0
         self.vocab = 0
@@ -113,8 +115,10 @@ class DraftWatch:
         if self.calls % self.stride:
             return
         try:
-            if self.counts is None and not self._bind(worker, batch, verify_input):
-                return
+            if self.counts is None:
+                if not self._bind(worker, batch, verify_input):
+                    return
+                start = self.clock()  # the one-time set-up is no per-verify cost: the stride ignores it
             self._count(verify_input, result, kind)
             self._read_back(start)
         except Exception as exc:  # never in SGLang's way
@@ -174,6 +178,7 @@ class DraftWatch:
         self.counts.index_add_(0, first, self.ones[:rows])  # proposed
         self.counts.index_add_(0, first + self.vocab, first_accepted)  # and accepted
         self.sampled += 1
+        self.counted += rows
 
     def _read_back(self, now) -> None:
         if self.pending:
@@ -181,10 +186,12 @@ class DraftWatch:
                 return
             self.pending = False
             self.judge_counts(self.host.numpy())
-        elif self.last_read is None or now - self.last_read >= self.look_seconds:
+        elif self.counted >= MIN_PROPOSALS and (self.counted >= 2 * self.counted_at_read or self.last_read is None
+                                                 or now - self.last_read >= self.look_seconds):
             import torch
 
-            self.last_read = now
+            # a look each time the counts double, and every look_seconds: a short burst of traffic is judged too
+            self.last_read, self.counted_at_read = now, self.counted
             self.host.copy_(self.counts, non_blocking=True)
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
             if self.counts.is_cuda:

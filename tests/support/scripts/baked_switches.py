@@ -30,6 +30,7 @@ targets = {
     "drafter-delegation": lambda: member("sglang.srt.model_executor.model_runner", "ModelRunner", "load_model"),
     "accept-length-alarm": lambda: member("sglang.srt.managers.tokenizer_manager", "TokenizerManager",
                                           "_calculate_spec_decoding_metrics"),
+    "draft-token-watch": lambda: member("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2", "verify"),
     "node-agreement": lambda: vars(importlib.import_module("sglang.srt.distributed.parallel_state"))[
         "init_distributed_environment"],
 }

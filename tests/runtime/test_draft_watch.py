@@ -1,0 +1,169 @@
+"""draft-token-watch's runtime half: the test it applies to per-token counts (its false-warning bound under the
+stated H0, checked by simulation; its power on a partly wrong map), and the watch driven through its ``verify``
+wrapper with SGLang-shaped inputs on CPU tensors (torch from the SGLang 0.5.23 test env): what it counts, when it
+samples, that it never raises into SGLang, and that it stays silent where it does not apply."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sglang_pcie.runtime import draft_watch as dw
+
+np = pytest.importorskip("numpy")
+
+
+# ------------------------------------------------------------------------------------------ the test itself
+
+
+def zipf_traffic(rng, vocab, proposals, exponent=1.1):
+    """Proposals per token of a Zipf-distributed stream (the first drafts of real text are heavy-headed)."""
+    weights = 1.0 / np.arange(1, vocab + 1) ** exponent
+    return rng.multinomial(proposals, weights / weights.sum())
+
+
+def healthy_accepts(rng, proposed, mean, floor_share=dw.FLOOR_SHARE):
+    """Accepts of a drafter that satisfies H0: each token's acceptance drawn between floor_share * mean and 1."""
+    p = np.clip(rng.beta(2, 2 / mean - 2 + 1e-9, len(proposed)), floor_share * mean * 1.01, 1.0)
+    return rng.binomial(proposed, p)
+
+
+def test_chernoff_tail_bounds_the_exact_binomial_tail():
+    from math import comb
+
+    for n, q in ((200, 0.01), (50, 0.1), (1000, 0.002)):
+        mu = n * q
+        for d in range(int(mu) + 1, int(mu) + 15):
+            exact = sum(comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(d, n + 1))
+            assert exact <= dw.chernoff_tail(mu, d) + 1e-15, (n, q, d)
+    assert dw.chernoff_tail(5.0, 5) == 1.0 and dw.chernoff_tail(0.0, 1) == 0.0
+
+
+def test_the_looks_spend_at_most_alpha_together():
+    assert sum(dw.look_alpha(k) for k in range(1, 100_000)) < dw.ALPHA
+    assert dw.look_alpha(1) > dw.look_alpha(2) > 0
+
+
+def test_nothing_is_judged_before_enough_first_drafts():
+    proposed = np.zeros(100, dtype=np.int64)
+    proposed[:10] = (dw.MIN_PROPOSALS - 1) // 10
+    assert dw.judge(proposed, np.zeros(100, dtype=np.int64)) is None
+
+
+def test_nothing_accepted_at_all_is_left_to_the_accept_length_alarm():
+    proposed = np.full(100, 50, dtype=np.int64)
+    assert dw.judge(proposed, np.zeros(100, dtype=np.int64)) is None
+
+
+def test_healthy_drafters_under_h0_never_warn_in_many_servers():
+    """Simulated healthy servers (every token's acceptance at or above the floor, Zipf traffic, 20 looks each as
+    counts grow): the false-warning bound is 1e-3 per server, so none of 300 may warn."""
+    rng = np.random.default_rng(1)
+    warned = 0
+    for server in range(300):
+        mean = rng.uniform(0.2, 0.9)
+        proposed_total = zipf_traffic(rng, 4000, 60_000)
+        accepted_total = healthy_accepts(rng, proposed_total, mean)
+        for look in range(1, 21):  # the counts of a look are a thinning of the final ones
+            share = look / 20
+            proposed = rng.binomial(proposed_total, share)
+            accepted = np.minimum(rng.binomial(accepted_total, share), proposed)
+            finding = dw.judge(proposed, accepted, look)
+            warned += bool(finding and finding["warn"])
+    assert warned == 0
+
+
+@pytest.mark.parametrize("wrong_share", [0.1, 0.4])
+def test_a_partly_wrong_map_warns_and_names_its_most_drafted_wrong_tokens(wrong_share):
+    rng = np.random.default_rng(2)
+    vocab = 4000
+    proposed = zipf_traffic(rng, vocab, 20_000)
+    accepted = healthy_accepts(rng, proposed, 0.7)
+    wrong = rng.choice(vocab, int(wrong_share * vocab), replace=False)
+    accepted[wrong] = 0  # a wrong map entry is rejected whatever the context
+    finding = dw.judge(proposed, accepted, look=1)
+    assert finding["warn"], finding
+    assert set(t for t, _ in finding["top"]) <= set(wrong.tolist())
+    assert finding["top"][0][1] == proposed[wrong].max()
+    assert finding["dead_share"] >= dw.MIN_DEAD_SHARE
+
+
+def test_a_few_rare_never_accepted_tokens_are_no_warning():
+    """Below MIN_DEAD_SHARE of the first drafts the loss is not worth a warning, however sure the test is."""
+    proposed = np.full(1000, 100, dtype=np.int64)
+    accepted = np.full(1000, 60, dtype=np.int64)
+    accepted[:10] = 0  # 1% of the first drafts
+    finding = dw.judge(proposed, accepted)
+    assert finding["dead"] == 10 and finding["tail"] < 1e-12 and not finding["warn"]
+    accepted[:30] = 0  # 3%
+    assert dw.judge(proposed, accepted)["warn"]
+
+
+def test_a_token_is_tested_only_once_h0_makes_its_silence_unlikely():
+    floor = dw.FLOOR_SHARE * 0.5
+    needed = math.ceil(math.log(dw.Q_TESTED) / math.log(1 - floor))
+    proposed = np.full(200, 40, dtype=np.int64)
+    proposed[:20] = needed - 1
+    accepted = np.full(200, 20, dtype=np.int64)  # every token accepted half the time ...
+    accepted[:20] = 0  # ... but these 20, drafted once too few times to be tested
+    accepted[20:] = (proposed[20:] * 0.5).astype(np.int64)
+    total = proposed.sum()
+    accepted[20:] = np.round(proposed[20:] * (0.5 * total / proposed[20:].sum())).astype(np.int64)
+    finding = dw.judge(proposed, accepted)
+    assert finding["dead"] == 0 and finding["tested"] == 180
+
+
+# ------------------------------------------------------------------------------------------ the wrapper
+
+
+@pytest.fixture(scope="module")
+def scenarios(sglang_env):
+    """tests/support/scripts/draft_watch_scenarios.py in the real SGLang 0.5.23 install (torch on the CPU)."""
+    return sglang_env("0.5.23")._json(sglang_env("0.5.23").run_script("draft_watch_scenarios.py"))
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("kind", ["v2", "v1"])
+def test_counts_each_first_draft_and_its_acceptance_per_token(scenarios, kind):
+    counted = scenarios[f"count_{kind}"]
+    assert counted["proposed"] == {"7": 6, "9": 3, "49": 3}  # 49: an id past the vocabulary, clamped
+    assert counted["accepted"] == {"7": 3, "9": 3, "49": 3}
+    assert counted["total"] == 12 and counted["sampled"] == 3 and counted["state"] == dw.WATCHING
+
+
+@pytest.mark.release
+def test_a_partly_wrong_map_is_named_once_with_the_check_drafter_command(scenarios):
+    wrong = scenarios["wrong"]
+    assert wrong["state"] == dw.WARNED and len(wrong["lines"]) == 1 and wrong["top"] == [3, 13, 23, 33]
+    assert "never accepted" in wrong["lines"][0]
+    assert "sglang-pcie check-drafter --draft /m/draft --target /m/target" in wrong["lines"][0]
+    assert wrong["calls"] < 600  # judged as the counts doubled, not only every look_seconds
+
+
+@pytest.mark.release
+def test_a_healthy_drafter_is_never_named(scenarios):
+    healthy = scenarios["healthy"]
+    assert healthy["state"] == dw.WATCHING and healthy["lines"] == [] and healthy["looks"] >= 3
+
+
+@pytest.mark.release
+def test_samples_so_that_its_measured_time_stays_under_its_share_of_the_verify_interval(scenarios):
+    stride = scenarios["stride"]
+    assert stride["stride"] == stride["expected"] == 4  # 20 us of 10 ms at 0.05%: one verify in 4
+    assert stride["cost_share"] <= dw.COST_SHARE * 1.15  # the 50 ms set-up is not charged per verify
+    assert stride["sampled"] < stride["calls"] / 3
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("case", ["tp1", "tree"])
+def test_other_tp_ranks_and_trees_are_left_alone_silently(scenarios, case):
+    left = scenarios[case]
+    assert left["state"] == dw.OFF and left["lines"] == [] and left["counts"] is True
+    assert left["calls_after"] == left["calls_before"]  # off: the wrapper only calls SGLang's method
+
+
+@pytest.mark.release
+def test_an_error_turns_the_watch_off_with_one_line_and_never_reaches_sglang(scenarios):
+    error = scenarios["error"]
+    assert error["returned"] == "not a tensor" and error["state"] == dw.OFF
+    assert len(error["lines"]) == 1 and error["lines"][0].startswith(f"{dw.LOG_PREFIX}: off:")

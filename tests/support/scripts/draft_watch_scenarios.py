@@ -1,0 +1,119 @@
+"""draft-token-watch driven through its verify wrapper with SGLang-shaped inputs on CPU tensors, in a real SGLang
+install (torch, numpy); prints one JSON object: scenario -> what the watch did."""
+import json
+import math
+import sys
+from types import SimpleNamespace as NS
+
+import numpy as np
+import torch
+
+from sglang_pcie.runtime import draft_watch as dw
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def worker(tp_rank=0, topk=1, vocab=50):
+    args = NS(speculative_algorithm="EAGLE3", model_path="/m/target", speculative_draft_model_path="/m/draft",
+              speculative_num_steps=3, speculative_eagle_topk=topk)
+    return NS(tp_rank=tp_rank, topk=topk, server_args=args, target_worker=NS(model_config=NS(vocab_size=vocab)))
+
+
+def batch(first, accepted_drafts, steps=3):
+    """Per request [verified token, first draft, more drafts], flattened as SGLang holds draft_token."""
+    draft = torch.zeros((len(first), steps + 1), dtype=torch.int64)
+    draft[:, 1] = torch.tensor(first)
+    return NS(spec_info=NS(draft_token=draft.reshape(-1)), accepted=list(accepted_drafts))
+
+
+def v2_verify(self, b):
+    b.spec_info = "the next draft input"  # verify rebinds it, as SGLang's do
+    return NS(accept_lens=torch.tensor(b.accepted, dtype=torch.int32) + 1)
+
+
+def v1_verify(self, b):
+    b.spec_info = "the next draft input"
+    return ("logits", NS(num_correct_drafts_per_req_cpu=list(b.accepted)), True)
+
+
+def fresh():
+    clock = Clock()
+    watch = dw.DraftWatch(clock=clock, look_seconds=1.0)
+    dw.set_watch(watch)
+    return watch, clock
+
+
+def counting(kind):
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify if kind == "v2" else v1_verify, kind)
+    for _ in range(3):
+        clock.now += 0.01
+        wrapped(worker(), batch([7, 7, 9, 60], [0, 2, 1, 3]))
+    c = watch.counts.tolist()
+    return {"proposed": {t: c[t] for t in (7, 9, 49)}, "accepted": {t: c[50 + t] for t in (7, 9, 49)},
+            "total": sum(c[:50]), "sampled": watch.sampled, "state": watch.state}
+
+
+def traffic(wrong, verifies=600, seed=3):
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    rng = np.random.default_rng(seed)
+    for _ in range(verifies):
+        clock.now += 0.01
+        first = rng.integers(0, 40, 8)
+        drafts = np.where(np.isin(first, wrong), 0, rng.integers(0, 3, 8))
+        wrapped(worker(), batch(first.tolist(), drafts.tolist()))
+    return {"state": watch.state, "lines": watch.lines, "looks": watch.looks, "calls": watch.calls,
+            "top": sorted(t for t, _ in (watch.finding or {}).get("top", []))}
+
+
+def stride():
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    real_count, real_bind = watch._count, watch._bind
+
+    def slow_count(*args):  # the watch's own work: 20 us of the clock; the verify interval: 10 ms
+        clock.now += 20e-6
+        real_count(*args)
+
+    def slow_bind(*args):  # a one-time set-up of 50 ms must not count as per-verify cost
+        clock.now += 0.05
+        return real_bind(*args)
+    watch._count, watch._bind = slow_count, slow_bind
+    for _ in range(400):
+        clock.now += 0.01
+        wrapped(worker(), batch([1, 2], [1, 1]))
+    return {"stride": watch.stride, "expected": math.ceil(20e-6 / (dw.COST_SHARE * 0.01)),
+            "cost_share": watch.own_seconds / watch.calls / 0.01, "sampled": watch.sampled, "calls": watch.calls}
+
+
+def left_alone(w):
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    wrapped(w, batch([1, 2], [1, 1]))
+    calls = watch.calls
+    wrapped(w, batch([1, 2], [1, 1]))
+    return {"state": watch.state, "lines": watch.lines, "counts": watch.counts is None, "calls_after": watch.calls,
+            "calls_before": calls}
+
+
+def error():
+    watch, clock = fresh()
+    wrapped = dw.wrap(lambda self, b: NS(accept_lens="not a tensor"), "v2")
+    result = wrapped(worker(), batch([1, 2], [1, 1]))
+    return {"returned": result.accept_lens, "state": watch.state, "lines": watch.lines}
+
+
+print(json.dumps({
+    "count_v2": counting("v2"), "count_v1": counting("v1"),
+    "wrong": traffic([3, 13, 23, 33]), "healthy": traffic([]),
+    "stride": stride(),
+    "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
+    "error": error(),
+}))
