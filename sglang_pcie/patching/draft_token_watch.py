@@ -32,12 +32,15 @@ V2 = "sglang.srt.speculative.eagle_worker_v2"
 INFO = "sglang.srt.speculative.eagle_info"  # EagleVerifyInput and its draft_token
 METHOD = "verify"
 PARAMETERS = ("self", "batch")
+RESULTS = "sglang.srt.managers.utils"  # GenerationBatchResult, what v2's verify returns
 # module -> (kind, class, the result fields any one of which says how many drafts each request accepted)
 TARGETS = {
     V1: ("v1", "EAGLEWorker", draft_watch.V1_FIELDS),
     V2: ("v2", "EAGLEWorkerV2", ("accept_lens",)),
 }
 # The covered releases that have each worker module (first, last; None: still there in the newest).
+# Where those fields are declared: v1's verify output class (EagleVerifyOutput, in eagle_info), v2's result class.
+FIELD_MODULES = {V1: (V1, INFO), V2: (RESULTS,)}
 MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
 PATCH_ID = draft_watch.PATCH_ID
 COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
@@ -164,7 +167,8 @@ def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> lis
     parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(PARAMETERS)]
     if parameters != PARAMETERS:
         problems.append(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-    if not any(field in _names(tree, module) for field in fields):
+    declared = set().union(*(_names(tree, m) for m in FIELD_MODULES[module]))
+    if not any(field in declared for field in fields):
         problems.append(f"{cls_name}'s verify result carries none of {', '.join(fields)} (the accepted drafts the "
                         "watch reads)")
     return problems

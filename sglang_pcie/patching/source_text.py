@@ -115,7 +115,18 @@ def bound_names(stmt: ast.stmt) -> list[str]:
         return [a.asname or a.name for a in stmt.names if a.name != "*"]
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
         stmt, (ast.AnnAssign, ast.AugAssign)) and (not isinstance(stmt, ast.AnnAssign) or stmt.value) else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return [name for t in targets for name in _target_names(t)]
+
+
+def _target_names(target: ast.expr) -> list[str]:
+    """The names an assignment target binds: ``a``, ``a, (b, *c)``; ``A.b = ...`` and ``a[i] = ...`` bind none."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _target_names(element)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []
 
 
 def without_mark(source: str) -> str:

@@ -61,7 +61,7 @@ def test_the_diff_applies_beside_eagle3_profiles_compiles_and_reads_as_applied(p
 def test_a_renamed_accepted_drafts_field_is_drift_naming_it(pristine_source, tmp_path):
     root = pristine_source("0.5.23")
     shutil.copytree(root / "sglang", tmp_path / "sglang")
-    path = tmp_path / "sglang/srt/speculative/eagle_worker_v2.py"
+    path = tmp_path / "sglang/srt/managers/utils.py"  # GenerationBatchResult, what v2's verify returns
     path.write_text(path.read_text().replace("accept_lens", "accepted_lengths"))
     result = PATCH.check_source(SourceTree(tmp_path))
     assert result.status == DRIFTED and "carries none of accept_lens" in result.detail

@@ -35,7 +35,7 @@ READ_BY_THE_CHECKS = (
     "sglang/srt/speculative", "sglang/srt/models", "sglang/srt/model_executor",
     "sglang/srt/runtime_context.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py",
     "sglang/srt/distributed",
-    "sglang/srt/managers/tokenizer_manager.py",
+    "sglang/srt/managers/tokenizer_manager.py", "sglang/srt/managers/utils.py",
 )
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
@@ -84,6 +84,7 @@ class Case:
     patch: str
     edit: Callable[[Path], None]
     detail: str  # what the drifted result must say
+    also: tuple[str, ...] = ()  # other patches that hook the same code and must read drifted too
 
     def __str__(self):
         return self.name
@@ -112,7 +113,10 @@ CASES = [
          "draft"),
     Case("v2 EAGLE worker class renamed", "0.5.23", "eagle3-profile",
          replace(EAGLE_V2, ("class EAGLEWorkerV2(", "class EagleWorkerV2(")),
-         "EAGLEWorkerV2"),
+         "EAGLEWorkerV2", also=("draft-token-watch",)),
+    Case("verify input's draft tokens renamed", "0.5.23", "draft-token-watch",
+         replace("sglang/srt/speculative/eagle_info.py", ("draft_token", "draft_ids")),
+         "EagleVerifyInput no longer has draft_token"),
     Case("Kimi-K2.5 wrapper builds its language model through a factory", "0.5.9", "drafter-delegation",
          replace(KIMI, ("self.language_model = DeepseekV3ForCausalLM(", "self.language_model = build_text_model(")),
          "KimiK25ForConditionalGeneration no longer holds"),
@@ -181,8 +185,11 @@ def test_the_static_check_reports_hidden_drift(case, pristine_results, tmp_path)
     cell = next(row for row in rows if row["id"] == case.patch)
     assert cell["status"] == DRIFTED, cell
     assert case.detail in cell["detail"], cell
-    others = [row for row in rows if row["id"] != case.patch]
-    assert others == [row for row in pristine_results[case.version] if row["id"] != case.patch]
+    for patch_id in case.also:
+        assert next(row for row in rows if row["id"] == patch_id)["status"] == DRIFTED, patch_id
+    hit = {case.patch, *case.also}
+    others = [row for row in rows if row["id"] not in hit]
+    assert others == [row for row in pristine_results[case.version] if row["id"] not in hit]
 
 
 @pytest.mark.parametrize("case", TOLERATED, ids=str)

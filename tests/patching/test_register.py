@@ -28,8 +28,11 @@ class Settings:
 
 
 def test_one_gate_for_every_patch():
-    sm120, eagle, drafter, alarm, agreement = (register.entry(i) for i in PATCH_IDS)
+    sm120, eagle, drafter, alarm, agreement, watch = (register.entry(i) for i in PATCH_IDS)
     assert register.disabled_reason(agreement, Settings()) is None
+    assert register.disabled_reason(watch, Settings()) is None  # default on in EAGLE chain runs
+    assert register.disabled_reason(watch, Settings(disabled_patches=frozenset({"draft-token-watch"}))) == \
+        register.DISABLE_PATCHES_REASON
     assert register.disabled_reason(alarm, Settings()) is None  # log lines only: on unless switched off
     assert register.disabled_reason(drafter, Settings()) is None
     assert register.disabled_reason(sm120, Settings()) == "opt-in: set SGLANG_PCIE_SM120_FUSION=1"

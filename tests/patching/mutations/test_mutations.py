@@ -182,6 +182,25 @@ def test_mutation(mutation, pristine, release_copy, tmp_path):
     TALLY["apply", f"{mutation.kind} {outcome}"] += 1
 
 
+def composed(pristine: str, rewrites: list[str]) -> str:
+    """What several patches' rewrites of one file make together, applied in order: each rewrite only inserts
+    lines (SourceEdits), so the result is the pristine file with every rewrite's insertions at their places (at one
+    place, in the patches' order)."""
+    import difflib
+
+    if len(rewrites) == 1:
+        return rewrites[0]
+    old = pristine.splitlines(keepends=True)
+    inserted: dict[int, list[str]] = {}
+    for text in rewrites:
+        new = text.splitlines(keepends=True)
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            assert tag in ("equal", "insert"), f"a rewrite that does more than insert lines ({tag} at {i1})"
+            if tag == "insert":
+                inserted.setdefault(i1, []).extend(new[j1:j2])
+    return "".join(line for i in range(len(old) + 1) for line in inserted.get(i, []) + old[i:i + 1])
+
+
 def snapshot(root: Path, folders: set[Path]) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for folder in folders if folder.is_dir()
             for p in sorted(folder.iterdir()) if p.is_file()}
@@ -225,12 +244,16 @@ def check_apply_diffs(mutation: Mutation, tree: SourceTree, rows: dict[str, dict
     run = apply_release_diffs(tree)  # the dry run wrote nothing: the same tree, its checks already made
     assert [(s.patch_id, s.action) for s in run.steps] == announced, f"{mutation.name}: the dry run said otherwise"
     after = snapshot(root, folders)
-    expected_changed = set()
-    for step in run.changing:  # exactly the approved change: nothing inserted twice, nothing else touched
+    per_file: dict[str, list[tuple[str, str]]] = {}  # rel -> [(patch id, its rewrite)] in apply order
+    for step in run.changing:
         for module, text in wanted[step.patch_id].items():
-            rel = SourceTree(root).path(module).relative_to(root).as_posix()
-            expected_changed.add(rel)
-            assert after[rel].decode("utf-8") == text, f"{mutation.name}: {rel} is not {step.patch_id}'s rewrite"
+            per_file.setdefault(SourceTree(root).path(module).relative_to(root).as_posix(), []).append(
+                (step.patch_id, text))
+    expected_changed = set(per_file)
+    for rel, rewrites in per_file.items():  # exactly the approved change: nothing inserted twice, nothing else
+        expected = composed(before[rel].decode("utf-8"), [text for _, text in rewrites])
+        owners = " + ".join(pid for pid, _ in rewrites)
+        assert after[rel].decode("utf-8") == expected, f"{mutation.name}: {rel} is not {owners}'s rewrite"
     assert {rel for rel in after if after[rel] != before.get(rel)} == expected_changed, mutation.name
     assert set(after) == set(before), f"{mutation.name}: files appeared or vanished"
     again = apply_release_diffs(SourceTree(root))  # also what verify-patches now says of each patch

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Host cost of draft-token-watch per verify, on the CPU (torch CPU tensors: the GPU's kernel launches are not
+here; the watch measures its own time on a GPU and samples by it).
+
+Drives ``sglang_pcie.runtime.draft_watch.wrap`` around a verify that returns at once, with SGLang-shaped inputs
+(32 requests, 3-step chains, a 128k vocabulary), and reports the median host time per call over ROUNDS rounds of
+CALLS calls: the verify alone, the watch counting every verify (stride 1), and the watch at the stride its own
+measurement picks for a 10 ms verify interval.
+
+usage: python benchmarks/draft_watch_cost.py [--rounds 15] [--calls 2000]   (needs torch and numpy: a SGLang env)
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from sglang_pcie.runtime import draft_watch as dw  # noqa: E402
+
+ROWS, STEPS, VOCAB = 32, 3, 128_256
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    worker = NS(tp_rank=0, topk=1, server_args=NS(speculative_algorithm="EAGLE3", model_path="t",
+                                                   speculative_draft_model_path="d", speculative_num_steps=STEPS),
+                target_worker=NS(model_config=NS(vocab_size=VOCAB)))
+    batches = [NS(spec_info=NS(draft_token=torch.randint(0, VOCAB, (ROWS * (STEPS + 1),))),
+                  accept=torch.randint(1, STEPS + 2, (ROWS,), dtype=torch.int32)) for _ in range(64)]
+    result = {id(b): NS(accept_lens=b.accept) for b in batches}
+
+    def verify(self, batch):
+        return result[id(batch)]
+
+    def per_call_us(fn, stride=None):
+        times = []
+        for _ in range(args.rounds):
+            if stride is not None:
+                watch = dw.DraftWatch(look_seconds=3600.0)
+                dw.set_watch(watch)
+                fn(worker, batches[0])  # the one-time set-up, outside the timing
+                watch.stride, watch._restride = stride, lambda: None
+            start = time.perf_counter()
+            for i in range(args.calls):
+                fn(worker, batches[i % 64])
+            times.append((time.perf_counter() - start) / args.calls * 1e6)
+        return statistics.median(times), min(times), max(times)
+
+    base = per_call_us(verify)
+    wrapped = dw.wrap(verify, "v2")
+    every = per_call_us(wrapped, stride=1)
+    sampled_cost = every[0] - base[0]
+    stride = max(1, -(-sampled_cost * 1e-6 // (dw.COST_SHARE * 0.010)))
+    strided = per_call_us(wrapped, stride=int(stride))
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CPU tensors), {ROWS} requests x {STEPS} steps, "
+          f"vocabulary {VOCAB}; {args.rounds} rounds x {args.calls} calls; us per call: median (min-max)")
+    for name, (median, lo, hi) in (("verify alone", base), ("watch, every verify counted", every),
+                                   (f"watch, one verify in {int(stride)} counted", strided)):
+        print(f"  {name:<34} {median:8.2f}  ({lo:.2f}-{hi:.2f})")
+    print(f"counting one verify costs {sampled_cost:.1f} us here; at a 10 ms verify interval the watch's own "
+          f"sampling rule (at most {dw.COST_SHARE:.2%} of the interval) counts one verify in {int(stride)}: "
+          f"{strided[0] - base[0]:.2f} us per verify, {(strided[0] - base[0]) / 100:.4f}% of 10 ms")
+
+
+if __name__ == "__main__":
+    main()
