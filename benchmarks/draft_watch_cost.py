@@ -5,7 +5,7 @@ here; the watch measures its own time on a GPU and samples by it).
 Drives ``sglang_pcie.runtime.draft_watch.wrap`` around a verify that returns at once, with SGLang-shaped inputs
 (32 requests, 3-step chains, a 128k vocabulary), and reports the median host time per call over ROUNDS rounds of
 CALLS calls: the verify alone, the watch counting every verify (stride 1), and the watch at the stride its own
-measurement picks for a 10 ms verify interval.
+measurement picks for a 10 ms verify interval (the looks left out of these), and one look's time apart.
 
 usage: python benchmarks/draft_watch_cost.py [--rounds 15] [--calls 2000]   (needs torch and numpy: a SGLang env)
 """
@@ -49,6 +49,7 @@ def main():
                 dw.set_watch(watch)
                 fn(worker, batches[0])  # the one-time set-up, outside the timing
                 watch.stride, watch._restride = stride, lambda: None
+                watch._read_back = lambda now: None  # the looks are measured apart (below)
             start = time.perf_counter()
             for i in range(args.calls):
                 fn(worker, batches[i % 64])
@@ -61,6 +62,18 @@ def main():
     sampled_cost = every[0] - base[0]
     stride = max(1, -(-sampled_cost * 1e-6 // (dw.COST_SHARE * 0.010)))
     strided = per_call_us(wrapped, stride=int(stride))
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    counts = np.zeros(2 * VOCAB, dtype=np.int64)
+    counts[:VOCAB] = rng.multinomial(200_000, 1.0 / np.arange(1, VOCAB + 1) / np.sum(1.0 / np.arange(1, VOCAB + 1)))
+    counts[VOCAB:] = rng.binomial(counts[:VOCAB], 0.6)
+    look_ms = []
+    for _ in range(args.rounds):
+        watch = dw.DraftWatch()
+        start = time.perf_counter()
+        watch.judge_counts(counts)
+        look_ms.append((time.perf_counter() - start) * 1e3)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CPU tensors), {ROWS} requests x {STEPS} steps, "
           f"vocabulary {VOCAB}; {args.rounds} rounds x {args.calls} calls; us per call: median (min-max)")
     for name, (median, lo, hi) in (("verify alone", base), ("watch, every verify counted", every),
@@ -69,6 +82,10 @@ def main():
     print(f"counting one verify costs {sampled_cost:.1f} us here; at a 10 ms verify interval the watch's own "
           f"sampling rule (at most {dw.COST_SHARE:.2%} of the interval) counts one verify in {int(stride)}: "
           f"{strided[0] - base[0]:.2f} us per verify, {(strided[0] - base[0]) / 100:.4f}% of 10 ms")
+    print(f"one look (judging {VOCAB:,} tokens' counts, 200,000 first drafts): median {statistics.median(look_ms):.2f} "
+          f"ms (min {min(look_ms):.2f}, max {max(look_ms):.2f}); the looks come as the counts double and every "
+          f"{dw.LOOK_SECONDS:.0f} s: at one a 10 s, {statistics.median(look_ms) / 100:.3f}% of the time; counted in "
+          "the watch's own measured time, so its sampling makes room for them")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,15 @@ MARKER_ATTR = "__sglang_pcie_patch__"
 
 
 def is_patched(obj, patch_id: str) -> bool:
-    return getattr(obj, MARKER_ATTR, None) == patch_id
+    """Whether ``obj`` or a function it wraps (``__wrapped__``, as functools.wraps sets it) carries the patch's
+    mark: two patches may wrap one method (eagle3-profile's timer inside draft-token-watch's counter)."""
+    for _ in range(8):
+        if getattr(obj, MARKER_ATTR, None) == patch_id:
+            return True
+        obj = getattr(obj, "__wrapped__", None)
+        if obj is None:
+            return False
+    return False
 
 
 def mark(obj, patch_id: str):

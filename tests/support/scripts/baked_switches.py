@@ -35,8 +35,17 @@ targets = {
         "init_distributed_environment"],
 }
 acting = {"sm120-allreduce-fusion": sm120()}
+def marked(obj, patch_id):
+    """The mark on obj or on what it wraps (two patches may wrap one method)."""
+    while obj is not None:
+        if getattr(obj, MARKER_ATTR, None) == patch_id:
+            return True
+        obj = getattr(obj, "__wrapped__", None)
+    return False
+
+
 for patch_id, get in targets.items():
-    acting[patch_id] = getattr(get(), MARKER_ATTR, None) == patch_id
+    acting[patch_id] = marked(get(), patch_id)
 print(json.dumps({"acting": acting, "sglang": sglang.__file__,
                   "sglang_pcie_loaded": sorted(n for n, m in sys.modules.items()
                                                if n.split(".")[0] == "sglang_pcie" and m is not None)}))
