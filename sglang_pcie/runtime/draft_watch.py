@@ -172,8 +172,8 @@ class DraftWatch:
         else:
             first_accepted = (result.accept_lens >= 2).to(torch.int64)  # accept_lens counts the bonus token
         rows = first_accepted.shape[0]
-        if rows == 0 or draft.numel() % rows or rows > self.ones.shape[0]:
-            return  # an idle batch, or a shape this watch does not know: not counted
+        if rows == 0 or draft.numel() % rows or draft.numel() // rows < 2 or rows > self.ones.shape[0]:
+            return  # an idle batch, no draft at all (adaptive steps at 0), a shape it does not know: not counted
         first = draft.reshape(rows, -1)[:, 1].clamp(0, self.vocab - 1)  # column 0 is the verified token
         self.counts.index_add_(0, first, self.ones[:rows])  # proposed
         self.counts.index_add_(0, first + self.vocab, first_accepted)  # and accepted

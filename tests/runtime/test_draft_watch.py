@@ -167,3 +167,10 @@ def test_an_error_turns_the_watch_off_with_one_line_and_never_reaches_sglang(sce
     error = scenarios["error"]
     assert error["returned"] == "not a tensor" and error["state"] == dw.OFF
     assert len(error["lines"]) == 1 and error["lines"][0].startswith(f"{dw.LOG_PREFIX}: off:")
+
+
+@pytest.mark.release
+def test_verifies_without_drafts_are_skipped_not_an_error(scenarios):
+    """With adaptive steps at 0 SGLang verifies one token per request and no draft: nothing to count, no line."""
+    skipped = scenarios["no_drafts"]
+    assert skipped == {"state": dw.WATCHING, "lines": [], "total": 2}

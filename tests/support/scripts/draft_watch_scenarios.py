@@ -103,6 +103,17 @@ def left_alone(w):
             "calls_before": calls}
 
 
+def no_drafts():
+    """Adaptive steps at 0 (SGLang's trivial verify input): one token per request, no draft: nothing counted."""
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    for _ in range(3):
+        clock.now += 0.01
+        wrapped(worker(), NS(spec_info=NS(draft_token=torch.tensor([5, 6, 7])), accepted=[0, 0, 0]))
+    wrapped(worker(), batch([7, 8], [1, 0]))
+    return {"state": watch.state, "lines": watch.lines, "total": int(watch.counts[:50].sum())}
+
+
 def error():
     watch, clock = fresh()
     wrapped = dw.wrap(lambda self, b: NS(accept_lens="not a tensor"), "v2")
@@ -115,5 +126,5 @@ print(json.dumps({
     "wrong": traffic([3, 13, 23, 33]), "healthy": traffic([]),
     "stride": stride(),
     "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
-    "error": error(),
+    "error": error(), "no_drafts": no_drafts(),
 }))
