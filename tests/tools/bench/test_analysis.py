@@ -139,3 +139,18 @@ def test_profile_checks_at_their_edges():
     assert profile_checks(exact, None)["failed"] == ["cycle_le_wall"]
     assert profile_checks(dict(exact, cycle_ms=5.0), None)["failed"] == []
     assert profile_checks({"skipped_records": 1}, None)["failed"] == ["no_impossible_records"]
+
+
+def test_one_baseline_server_gives_no_noise_floor():
+    # "with two servers or more, the noise floor": one baseline run has no spread to read a ratio against
+    variants = resolve_variants(["profile"])
+    table = compute_ratios([record(1, 1, "baseline", 100.0), record(2, 1, "profile", 90.0)], variants)
+    baseline = table["baseline"]["batch output tok/s"]
+    assert baseline == {"n": 1, "value_median": 100.0}
+    assert table["profile"]["batch output tok/s"]["noise_margin"] == 0.0
+
+
+def test_an_output_longer_than_the_reference_differs_at_the_reference_end():
+    compared, differing, first = first_difference({"batch": [], "stream": [[7]]}, {"batch": [], "stream": [[7, 8]]})
+    assert (compared, differing) == (1, 1)
+    assert first == {"phase": "stream", "request": 0, "token": 1, "reference": None, "got": 8}
