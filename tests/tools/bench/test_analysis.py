@@ -7,7 +7,7 @@ import re
 import pytest
 
 from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
-                                              profile_checks)
+                                              nccl_env_lines, profile_checks)
 from sglang_pcie.tools.bench.plan import resolve_variants
 
 
@@ -154,3 +154,22 @@ def test_an_output_longer_than_the_reference_differs_at_the_reference_end():
     compared, differing, first = first_difference({"batch": [], "stream": [[7]]}, {"batch": [], "stream": [[7, 8]]})
     assert (compared, differing) == (1, 1)
     assert first == {"phase": "stream", "request": 0, "token": 1, "reference": None, "got": 8}
+
+
+def test_a_may_differ_variant_with_one_run_has_nothing_to_compare_within_itself():
+    variants = resolve_variants(["s2:args=--x 1"])
+    same = {"batch": [[1, 2, 3]], "stream": [[4, 5]]}
+    result = compare_outputs([record(1, 1, "baseline", 1, outputs=same), record(2, 1, "s2", 1, outputs=same)],
+                             variants)
+    assert result["s2"]["verdict"] == "identical" and "within_variant" not in result["s2"]
+
+
+def test_nccl_env_lines_count_the_processes_that_printed_them(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("host:101:201 [0] NCCL INFO NCCL_PROTO set by environment to LL.\n"
+                   "host:102:202 [1] NCCL INFO NCCL_PROTO set by environment to Simple\n"
+                   "host:101:201 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
+                   "NCCL INFO NCCL_ALGO set by environment to Ring\n"  # no process prefix: not a process
+                   "unrelated line\n")
+    assert nccl_env_lines(log) == ({"NCCL_ALGO": ["Ring"], "NCCL_PROTO": ["LL", "Simple"]}, 2)
+    assert nccl_env_lines(tmp_path / "missing.log") == ({}, 0)

@@ -254,6 +254,7 @@ def test_a_zero_mean_gain_is_never_called_whatever_the_noise_floor():
         assert row["interval"][0] < 1 < row["interval"][1]
     assert noise_margin([0.98, 1.0]) == pytest.approx(-math.log(0.98))  # the low side alone sets the band
     assert noise_margin([1.0, 1.03]) == pytest.approx(math.log(1.03))
+    assert noise_margin([]) == 0.0  # no spread: no band
 
 
 def test_a_tight_gain_inside_the_noise_floor_is_within_noise_and_beyond_it_is_called():
