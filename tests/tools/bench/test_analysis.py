@@ -7,7 +7,7 @@ import re
 import pytest
 
 from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
-                                              nccl_env_lines, profile_checks)
+                                              nccl_debug_env, nccl_env_lines, profile_checks)
 from sglang_pcie.tools.bench.plan import resolve_variants
 
 
@@ -173,3 +173,12 @@ def test_nccl_env_lines_count_the_processes_that_printed_them(tmp_path):
                    "unrelated line\n")
     assert nccl_env_lines(log) == ({"NCCL_ALGO": ["Ring"], "NCCL_PROTO": ["LL", "Simple"]}, 2)
     assert nccl_env_lines(tmp_path / "missing.log") == ({}, 0)
+
+
+def test_nccl_prints_its_variables_at_info_or_trace_with_env_or_all_subsystems():
+    assert nccl_debug_env({"NCCL_DEBUG": "INFO"})  # NCCL's default subsystems include ENV
+    assert nccl_debug_env({"NCCL_DEBUG": "trace", "NCCL_DEBUG_SUBSYS": "all"})
+    assert nccl_debug_env({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"})
+    assert not nccl_debug_env({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    assert not nccl_debug_env({"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "ALL"})
+    assert not nccl_debug_env({})
