@@ -6,9 +6,11 @@ import re
 
 import pytest
 
+from sglang_pcie.runtime.eagle_profiler.records import SCHEMA_FAMILY, to_json
 from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
-                                              nccl_debug_env, nccl_env_lines, profile_checks)
+                                              nccl_debug_env, nccl_env_lines, profile_checks, read_profile)
 from sglang_pcie.tools.bench.plan import resolve_variants
+from support.eagle_records import interval_stats
 
 
 def record(index, repeat, variant, tok_s, ok=True, outputs=None):
@@ -182,3 +184,34 @@ def test_nccl_prints_its_variables_at_info_or_trace_with_env_or_all_subsystems()
     assert not nccl_debug_env({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
     assert not nccl_debug_env({"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "ALL"})
     assert not nccl_debug_env({})
+
+
+def test_read_profile_summarises_the_newest_run_and_counts_what_it_skipped(tmp_path):
+    def interval(run_id, started, wall_cycle_ms):
+        stats = interval_stats([(1.0, 2.0, 0.5, 4.0)] * 30, decode_cycles=100, wall_cycle_ms=wall_cycle_ms)
+        return to_json(stats.record(None, run_id=run_id, run_started=started, pid=1, tp_rank=0, pp_rank=None,
+                                    dp_rank=None, worker="W", timer="test", interval=100))
+
+    path = tmp_path / "eagle3-profile.jsonl"
+    # the newer process (by its start) wrote first: it is still the one summarised
+    path.write_text(interval("new", 2.0, 6.0) + "\n" + interval("old", 1.0, 5.0) + "\n")
+    summary = read_profile(path)
+    assert summary["run_id"] == "new" and summary["wall_cycle_ms"] == 6.0
+    assert summary["runs_in_file"] == 2 and summary["skipped_records"] == 0 and "first_skipped" not in summary
+    # a file of nothing but a broken record is not "no profile": the skip is counted and named
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"schema": "' + SCHEMA_FAMILY + '1", \n')
+    summary = read_profile(broken)
+    assert summary["skipped_records"] == 1 and summary["first_skipped"].startswith("broken.jsonl:1: ")
+    assert "runs_in_file" not in summary
+    assert read_profile(tmp_path / "none.jsonl") is None
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert read_profile(tmp_path / "empty.jsonl") is None
+
+
+def test_one_profiled_process_of_tp_rank_0_per_server():
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": [0]}}, None)["failed"] == []
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": []}}, None)["failed"] == []  # rank not reported
+    assert profile_checks({"runs_in_file": 2, "ranks": {"tp_rank": [0]}}, None)["failed"] == ["one_run_tp_rank_0"]
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": [1]}}, None)["failed"] == ["one_run_tp_rank_0"]
+    assert profile_checks({"runs_in_file": 1}, None)["one_run_tp_rank_0"] is None
