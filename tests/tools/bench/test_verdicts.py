@@ -15,7 +15,7 @@ from support import fake_sglang_server
 
 from sglang_pcie.tools.bench.analysis import METRICS, compute_ratios
 from sglang_pcie.tools.bench.plan import Resolve, counterbalanced, resolve_variants
-from sglang_pcie.tools.bench.verdicts import auto_stop, noise_margin, ratio_summary, t_quantile
+from sglang_pcie.tools.bench.verdicts import CANNOT_RESOLVE, auto_stop, noise_margin, ratio_summary, t_quantile
 
 VARIANTS = resolve_variants(["x:base=overlay"])  # baseline, x
 TOK_S, LATENCY = "batch output tok/s", "batch latency p50 ms"
@@ -265,3 +265,11 @@ def test_a_tight_gain_inside_the_noise_floor_is_within_noise_and_beyond_it_is_ca
     lower = [1 / r for r in ratios]
     assert ratio_summary(lower, True, spread=[0.98, 1.02])["verdict"] == "within noise"
     assert ratio_summary(lower, True, spread=[0.995, 1.005])["verdict"] == "lower (worse)"
+
+
+def test_cannot_resolve_starts_just_past_a_smallest_resolvable_effect_of_999_percent():
+    # two pairs 45% apart resolve at best +960%: within noise; 50% apart, +1214%: past what the table prints (±>999%)
+    assert ratio_summary([1.0, 1.45], True)["resolvable"] < 9.99
+    assert ratio_summary([1.0, 1.45], True)["verdict"] == "within noise"
+    assert 9.99 < ratio_summary([1.0, 1.5], True)["resolvable"] < 20
+    assert ratio_summary([1.0, 1.5], True)["verdict"] == CANNOT_RESOLVE
