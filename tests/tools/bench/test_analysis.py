@@ -7,8 +7,9 @@ import re
 import pytest
 
 from sglang_pcie.runtime.eagle_profiler.records import SCHEMA_FAMILY, to_json
-from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
-                                              nccl_debug_env, nccl_env_lines, profile_checks, read_profile)
+from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, exit_code, expected_nccl,
+                                              first_difference, nccl_debug_env, nccl_env_lines, profile_checks,
+                                              read_profile)
 from sglang_pcie.tools.bench.plan import resolve_variants
 from support.eagle_records import interval_stats
 
@@ -215,3 +216,18 @@ def test_one_profiled_process_of_tp_rank_0_per_server():
     assert profile_checks({"runs_in_file": 2, "ranks": {"tp_rank": [0]}}, None)["failed"] == ["one_run_tp_rank_0"]
     assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": [1]}}, None)["failed"] == ["one_run_tp_rank_0"]
     assert profile_checks({"runs_in_file": 1}, None)["one_run_tp_rank_0"] is None
+
+
+def test_the_exit_status_fails_on_a_failed_server_a_left_process_changed_tokens_or_a_broken_invariant():
+    def results(**changes):
+        run = {"ok": True, "stop": {"survivors": []}, "profile_checks": {"failed": []}}
+        run.update(changes.pop("run", {}))
+        return dict({"runs": [run], "outputs": {"x": {"verdict": "identical"}}}, **changes)
+
+    assert exit_code(results()) == 0
+    assert exit_code(results(run={"ok": False})) == 1
+    assert exit_code(results(run={"stop": {"survivors": [{"pid": 7}]}})) == 1
+    assert exit_code(results(outputs={"x": {"verdict": "DIFFERENT"}})) == 1
+    assert exit_code(results(outputs={"x": {"verdict": "differs (allowed: launch arguments change decoding)"}})) == 0
+    assert exit_code(results(run={"profile_checks": {"failed": ["phases_le_cycle"]}})) == 1
+    assert exit_code(results(warmup={"ok": False, "stop": {"survivors": []}})) == 0
