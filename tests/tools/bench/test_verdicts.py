@@ -225,6 +225,9 @@ def test_repeats_auto_stops_at_its_edges_as_docs_bench_md_says():
     assert auto_stop(ratios(0.02), resolve, 3, 100.0, failed=False)["stopped"] == "resolved"
     # "the baseline servers' own spread ... already wider than the target": as wide goes on
     assert auto_stop(ratios(0.05, floor=0.02), resolve, 3, 100.0, failed=False) is None
+    # one baseline server so far (no spread, no floor): nothing to stop on yet
+    assert auto_stop({"baseline": {TOK_S: {"n": 1}}, "x": {TOK_S: {"resolvable": 0.05}}}, resolve, 3, 100.0,
+                     failed=False) is None
     # "after 50 repeats": the 49th goes on
     assert auto_stop(ratios(0.05), resolve, 49, 100.0, failed=False) is None
     # "when another repeat would end past --budget-minutes": 3 repeats in 450 s, a fourth ends at 600 s, not past
