@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import types
 
 import pytest
@@ -375,3 +376,121 @@ def test_wrap_refuses_an_unknown_phase_and_marks_what_it_makes():
     wrapped = ep.wrap(Worker.__dict__["draft"].__wrapped__, "draft")
     assert getattr(wrapped, MARKER_ATTR) == "eagle3-profile" and wrapped.sglang_pcie_phase == "draft"
 
+
+
+def test_a_timed_cycle_is_read_once_it_is_drain_lag_cycles_old(profiler_factory):
+    # DRAIN_LAG: a timed cycle is left unread for drain_lag cycles, then read (the GPU has passed it here)
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=100, clock=clock, drain_batch=4, drain_lag=2, read_per_call=2)
+    worker = Worker()
+    read = []
+    for _ in range(6):
+        worker.forward_batch_generation(batch())
+        read.append(profiler.stats.series["cycle"].count)
+        clock.completed = clock.recorded
+    assert read == [0, 0, 1, 2, 3, 4]
+
+
+def test_prefill_cycles_are_timed_after_random_gaps_of_mean_sample_every(profiler_factory):
+    # _gap: uniform over 1 .. 2 * sample_every - 1 (mean sample_every); the gap-th prefill cycle is the timed one
+    profiler = profiler_factory(interval=100, clock=GpuTimeline(), sample_every=4, seed=7, drain_lag=1000)
+    rng = random.Random(7)
+    expected, at = [], 0
+    for _ in range(5):
+        at += rng.randint(1, 2 * 4 - 1)
+        expected.append(at)
+    worker = Worker()
+    timed = []
+    for cycle in range(1, expected[-1] + 1):
+        before = len(profiler._pending)
+        worker.forward_batch_generation(batch("extend"))
+        if len(profiler._pending) > before:
+            timed.append(cycle)
+    assert timed == expected
+    gaps = {ep.Profiler(sample_every=4, seed=seed)._countdown for seed in range(200)}
+    assert gaps == set(range(1, 8))  # never 0 (the next cycle), never 2 * sample_every
+
+
+def test_at_exit_the_finished_timed_cycles_are_read_and_the_rest_counted_unfinished(profiler_factory):
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=100, clock=clock, drain_lag=1000)
+    worker = Worker()
+    worker.forward_batch_generation(batch())
+    worker.forward_batch_generation(batch())
+    through_second = clock.recorded  # the marks of cycles 1 and 2; cycle 2's wall ends at cycle 3's start: + 1
+    worker.forward_batch_generation(batch())
+    worker.forward_batch_generation(batch())
+    clock.completed = through_second + 1
+    record = profiler.flush(wait=False)
+    assert clock.waits == 0
+    assert record["timed_cycles"] == 2 and record["unfinished_at_exit"] == 2 and record["decode_cycles"] == 4
+
+
+def test_idle_cycles_share_the_host_time_the_adaptation_spreads_per_cycle():
+    profiler = ep.Profiler(interval=2000, sample_every=None)
+    stats = interval_stats([(1.0, 2.0, 0.5, 4.0)] * 10, decode_cycles=100, wall_cycle_ms=5.0)
+    stats.idle_cycles = 100
+    # 2 us per cycle over all 200 cycles, idle ones included; 80 us per timed cycle: 8 us spare, 1 in 10
+    stats.host_ns, stats.host_timed_ns = 200 * 2_000 + 10 * 80_000, 10 * 80_000
+    profiler._adapt(stats)
+    assert profiler.sample_every == 10
+
+
+def test_a_worker_without_a_tp_rank_is_profiled_as_rank_0(profiler_factory):
+    profiler = profiler_factory(interval=2, clock=GpuTimeline())
+    worker = Worker()
+    worker.tp_rank = None
+    for _ in range(3):
+        worker.forward_batch_generation(batch())
+    profiler.flush()
+    assert profiler.active and profiler.records[0]["tp_rank"] == 0
+
+
+def test_a_batch_read_never_takes_the_cycle_still_awaiting_its_wall_times_end(profiler_factory):
+    # drain_lag 0: a batch read right after each cycle; the newest decode cycle's wall time ends at the next
+    # cycle's start, so it stays unread until then, and every cycle but the last keeps its wall time
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=100, clock=clock, drain_batch=2, drain_lag=0, read_per_call=0)
+    worker = Worker()
+    for _ in range(6):
+        worker.forward_batch_generation(batch())
+    record = profiler.flush()
+    assert record["timed_cycles"] == 6 and record["wall_cycles"] == 5
+    assert profiler.records[-1]["phases_ms"]["verify"]["n"] == 5
+    # every wait for the GPU is a forced sync the record counts, once each
+    assert clock.waits > 0 and record["syncs"] == clock.waits
+
+
+def test_a_batch_that_extends_in_any_request_is_a_prefill_cycle():
+    decode_with_extend = batch()
+    decode_with_extend.is_extend_in_batch = True
+    assert profiler_module.cycle_kind(decode_with_extend) == "prefill"
+    assert profiler_module.cycle_kind(batch()) == "decode"
+    idle = batch("idle")
+    assert profiler_module.cycle_kind(idle) == "idle"
+
+
+def test_after_profiling_stopped_on_an_error_flush_reports_nothing(profiler_factory, tmp_path):
+    out = tmp_path / "profile.jsonl"
+    clock = GpuTimeline()
+    profiler = profiler_factory(interval=100, clock=clock, path=str(out))
+    worker = Worker()
+    worker.forward_batch_generation(batch())
+
+    def broken(marks, index):
+        raise RuntimeError("event record failed")
+
+    clock.record = broken
+    worker.forward_batch_generation(batch())
+    assert not profiler.active
+    assert profiler.flush() is None and not profiler.records and not out.exists()
+
+
+def test_an_interval_without_two_decode_cycles_in_a_row_leaves_the_sampling_as_it_was():
+    # no wall cycle (a prefill between every two decode cycles): nothing to measure the budget against
+    profiler = ep.Profiler(interval=2000, sample_every=None)
+    stats = interval_stats([(1.0, 2.0, 0.5, 4.0)] * 10, decode_cycles=200, wall_cycle_ms=5.0)
+    stats.host_ns, stats.host_timed_ns = 200 * 2_000 + 10 * 80_000, 10 * 80_000
+    stats.wall_cycle_ns = stats.wall_cycles = 0
+    profiler._adapt(stats)
+    assert profiler.sample_every == ep.SAMPLE_START

@@ -6,9 +6,12 @@ import re
 
 import pytest
 
-from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, expected_nccl, first_difference,
-                                              profile_checks)
+from sglang_pcie.runtime.eagle_profiler.records import SCHEMA_FAMILY, to_json
+from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, exit_code, expected_nccl,
+                                              first_difference, nccl_debug_env, nccl_env_lines, profile_checks,
+                                              read_profile)
 from sglang_pcie.tools.bench.plan import resolve_variants
+from support.eagle_records import interval_stats
 
 
 def record(index, repeat, variant, tok_s, ok=True, outputs=None):
@@ -139,3 +142,92 @@ def test_profile_checks_at_their_edges():
     assert profile_checks(exact, None)["failed"] == ["cycle_le_wall"]
     assert profile_checks(dict(exact, cycle_ms=5.0), None)["failed"] == []
     assert profile_checks({"skipped_records": 1}, None)["failed"] == ["no_impossible_records"]
+
+
+def test_one_baseline_server_gives_no_noise_floor():
+    # "with two servers or more, the noise floor": one baseline run has no spread to read a ratio against
+    variants = resolve_variants(["profile"])
+    table = compute_ratios([record(1, 1, "baseline", 100.0), record(2, 1, "profile", 90.0)], variants)
+    baseline = table["baseline"]["batch output tok/s"]
+    assert baseline == {"n": 1, "value_median": 100.0}
+    assert table["profile"]["batch output tok/s"]["noise_margin"] == 0.0
+
+
+def test_an_output_longer_than_the_reference_differs_at_the_reference_end():
+    compared, differing, first = first_difference({"batch": [], "stream": [[7]]}, {"batch": [], "stream": [[7, 8]]})
+    assert (compared, differing) == (1, 1)
+    assert first == {"phase": "stream", "request": 0, "token": 1, "reference": None, "got": 8}
+
+
+def test_a_may_differ_variant_with_one_run_has_nothing_to_compare_within_itself():
+    variants = resolve_variants(["s2:args=--x 1"])
+    same = {"batch": [[1, 2, 3]], "stream": [[4, 5]]}
+    result = compare_outputs([record(1, 1, "baseline", 1, outputs=same), record(2, 1, "s2", 1, outputs=same)],
+                             variants)
+    assert result["s2"]["verdict"] == "identical" and "within_variant" not in result["s2"]
+
+
+def test_nccl_env_lines_count_the_processes_that_printed_them(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("host:101:201 [0] NCCL INFO NCCL_PROTO set by environment to LL.\n"
+                   "host:102:202 [1] NCCL INFO NCCL_PROTO set by environment to Simple\n"
+                   "host:101:201 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n"
+                   "NCCL INFO NCCL_ALGO set by environment to Ring\n"  # no process prefix: not a process
+                   "unrelated line\n")
+    assert nccl_env_lines(log) == ({"NCCL_ALGO": ["Ring"], "NCCL_PROTO": ["LL", "Simple"]}, 2)
+    assert nccl_env_lines(tmp_path / "missing.log") == ({}, 0)
+
+
+def test_nccl_prints_its_variables_at_info_or_trace_with_env_or_all_subsystems():
+    assert nccl_debug_env({"NCCL_DEBUG": "INFO"})  # NCCL's default subsystems include ENV
+    assert nccl_debug_env({"NCCL_DEBUG": "trace", "NCCL_DEBUG_SUBSYS": "all"})
+    assert nccl_debug_env({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"})
+    assert not nccl_debug_env({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    assert not nccl_debug_env({"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "ALL"})
+    assert not nccl_debug_env({})
+
+
+def test_read_profile_summarises_the_newest_run_and_counts_what_it_skipped(tmp_path):
+    def interval(run_id, started, wall_cycle_ms):
+        stats = interval_stats([(1.0, 2.0, 0.5, 4.0)] * 30, decode_cycles=100, wall_cycle_ms=wall_cycle_ms)
+        return to_json(stats.record(None, run_id=run_id, run_started=started, pid=1, tp_rank=0, pp_rank=None,
+                                    dp_rank=None, worker="W", timer="test", interval=100))
+
+    path = tmp_path / "eagle3-profile.jsonl"
+    # the newer process (by its start) wrote first: it is still the one summarised
+    path.write_text(interval("new", 2.0, 6.0) + "\n" + interval("old", 1.0, 5.0) + "\n")
+    summary = read_profile(path)
+    assert summary["run_id"] == "new" and summary["wall_cycle_ms"] == 6.0
+    assert summary["runs_in_file"] == 2 and summary["skipped_records"] == 0 and "first_skipped" not in summary
+    # a file of nothing but a broken record is not "no profile": the skip is counted and named
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"schema": "' + SCHEMA_FAMILY + '1", \n')
+    summary = read_profile(broken)
+    assert summary["skipped_records"] == 1 and summary["first_skipped"].startswith("broken.jsonl:1: ")
+    assert "runs_in_file" not in summary
+    assert read_profile(tmp_path / "none.jsonl") is None
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert read_profile(tmp_path / "empty.jsonl") is None
+
+
+def test_one_profiled_process_of_tp_rank_0_per_server():
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": [0]}}, None)["failed"] == []
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": []}}, None)["failed"] == []  # rank not reported
+    assert profile_checks({"runs_in_file": 2, "ranks": {"tp_rank": [0]}}, None)["failed"] == ["one_run_tp_rank_0"]
+    assert profile_checks({"runs_in_file": 1, "ranks": {"tp_rank": [1]}}, None)["failed"] == ["one_run_tp_rank_0"]
+    assert profile_checks({"runs_in_file": 1}, None)["one_run_tp_rank_0"] is None
+
+
+def test_the_exit_status_fails_on_a_failed_server_a_left_process_changed_tokens_or_a_broken_invariant():
+    def results(**changes):
+        run = {"ok": True, "stop": {"survivors": []}, "profile_checks": {"failed": []}}
+        run.update(changes.pop("run", {}))
+        return dict({"runs": [run], "outputs": {"x": {"verdict": "identical"}}}, **changes)
+
+    assert exit_code(results()) == 0
+    assert exit_code(results(run={"ok": False})) == 1
+    assert exit_code(results(run={"stop": {"survivors": [{"pid": 7}]}})) == 1
+    assert exit_code(results(outputs={"x": {"verdict": "DIFFERENT"}})) == 1
+    assert exit_code(results(outputs={"x": {"verdict": "differs (allowed: launch arguments change decoding)"}})) == 0
+    assert exit_code(results(run={"profile_checks": {"failed": ["phases_le_cycle"]}})) == 1
+    assert exit_code(results(warmup={"ok": False, "stop": {"survivors": []}})) == 0

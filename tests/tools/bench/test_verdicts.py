@@ -15,7 +15,7 @@ from support import fake_sglang_server
 
 from sglang_pcie.tools.bench.analysis import METRICS, compute_ratios
 from sglang_pcie.tools.bench.plan import Resolve, counterbalanced, resolve_variants
-from sglang_pcie.tools.bench.verdicts import auto_stop, noise_margin, ratio_summary, t_quantile
+from sglang_pcie.tools.bench.verdicts import CANNOT_RESOLVE, auto_stop, noise_margin, ratio_summary, t_quantile
 
 VARIANTS = resolve_variants(["x:base=overlay"])  # baseline, x
 TOK_S, LATENCY = "batch output tok/s", "batch latency p50 ms"
@@ -213,3 +213,66 @@ def test_an_interval_too_wide_to_tell_a_tenfold_effect_reads_cannot_resolve():
     assert 1 < two["resolvable"] < 9.99 and two["verdict"] == "within noise"
     clear = ratio_summary([math.exp(4), math.exp(5), math.exp(6)], higher_is_better=True)  # wide, wholly above 1
     assert clear["resolvable"] > 9.99 and clear["verdict"] == "higher (better)"
+
+
+def test_repeats_auto_stops_at_its_edges_as_docs_bench_md_says():
+    resolve = Resolve(target=0.02, metric=TOK_S, budget_s=600.0)
+
+    def ratios(resolvable, floor=0.005):
+        return {"baseline": {TOK_S: {"noise_margin": floor}}, "x": {TOK_S: {"resolvable": resolvable}}}
+
+    # "its resolvable effect is at most the target": equal to it resolves
+    assert auto_stop(ratios(0.02), resolve, 3, 100.0, failed=False)["stopped"] == "resolved"
+    # "the baseline servers' own spread ... already wider than the target": as wide goes on
+    assert auto_stop(ratios(0.05, floor=0.02), resolve, 3, 100.0, failed=False) is None
+    # one baseline server so far (no spread, no floor): nothing to stop on yet
+    assert auto_stop({"baseline": {TOK_S: {"n": 1}}, "x": {TOK_S: {"resolvable": 0.05}}}, resolve, 3, 100.0,
+                     failed=False) is None
+    # "after 50 repeats": the 49th goes on
+    assert auto_stop(ratios(0.05), resolve, 49, 100.0, failed=False) is None
+    # "when another repeat would end past --budget-minutes": 3 repeats in 450 s, a fourth ends at 600 s, not past
+    assert auto_stop(ratios(0.05), resolve, 3, 450.0, failed=False) is None
+    # the warm-up's 200 s count in the elapsed time, not in the mean repeat: 500 + 300 / 3 = 600, not past; had it
+    # counted in the mean repeat, 500 + 500 / 3 would be
+    assert auto_stop(ratios(0.05), resolve, 3, 500.0, failed=False, fixed_s=200.0) is None
+    assert auto_stop(ratios(0.05), resolve, 3, 500.0, failed=False)["stopped"] == "budget"
+    # a warm-up longer than everything since (a clock step): the mean repeat is never below 0
+    assert auto_stop(ratios(0.05), resolve, 3, 599.0, failed=False, fixed_s=900.0) is None
+    assert auto_stop(ratios(0.05), resolve, 3, 600.5, failed=False, fixed_s=900.0)["stopped"] == "budget"
+
+
+def test_a_ratio_of_zero_gives_no_interval():
+    # a variant that served nothing (0 tok/s) in one pair: no log ratio, so no interval and no verdict either way
+    row = ratio_summary([0.0, 1.02, 1.03], higher_is_better=True)
+    assert row["verdict"] == "a ratio <= 0: no interval" and row["interval"] is None and row["min"] == 0.0
+
+
+def test_a_zero_mean_gain_is_never_called_whatever_the_noise_floor():
+    # log ratios symmetric about 0: a mean gain of exactly zero, from tight pairs (narrow interval) with no band,
+    # a band, and with a baseline spread only on its low side
+    ratios = [0.999, 1.001, 1 / 0.999, 1 / 1.001]
+    for spread in (None, [0.99, 1.01], [0.98, 1.0]):
+        row = ratio_summary(ratios, higher_is_better=True, spread=spread)
+        assert row["verdict"] == "within noise"
+        assert row["interval"][0] < 1 < row["interval"][1]
+    assert noise_margin([0.98, 1.0]) == pytest.approx(-math.log(0.98))  # the low side alone sets the band
+    assert noise_margin([1.0, 1.03]) == pytest.approx(math.log(1.03))
+    assert noise_margin([]) == 0.0  # no spread: no band
+
+
+def test_a_tight_gain_inside_the_noise_floor_is_within_noise_and_beyond_it_is_called():
+    # four pairs within 0.1% of +1%: an interval well clear of 1.0, but inside a baseline spread of 2%
+    ratios = [1.0095, 1.0105, 1.0098, 1.0102]
+    assert ratio_summary(ratios, True, spread=[0.98, 1.02])["verdict"] == "within noise"
+    assert ratio_summary(ratios, True, spread=[0.995, 1.005])["verdict"] == "higher (better)"
+    lower = [1 / r for r in ratios]
+    assert ratio_summary(lower, True, spread=[0.98, 1.02])["verdict"] == "within noise"
+    assert ratio_summary(lower, True, spread=[0.995, 1.005])["verdict"] == "lower (worse)"
+
+
+def test_cannot_resolve_starts_just_past_a_smallest_resolvable_effect_of_999_percent():
+    # two pairs 45% apart resolve at best +960%: within noise; 50% apart, +1214%: past what the table prints (±>999%)
+    assert ratio_summary([1.0, 1.45], True)["resolvable"] < 9.99
+    assert ratio_summary([1.0, 1.45], True)["verdict"] == "within noise"
+    assert 9.99 < ratio_summary([1.0, 1.5], True)["resolvable"] < 20
+    assert ratio_summary([1.0, 1.5], True)["verdict"] == CANNOT_RESOLVE
