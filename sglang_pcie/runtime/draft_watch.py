@@ -165,6 +165,8 @@ class DraftWatch:
         import torch
 
         draft = verify_input.draft_token
+        if draft.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # a verify inside a CUDA graph capture: counting there would be baked into the graph
         if kind == "v1":
             verify_output = next(r for r in result if any(hasattr(r, f) for f in V1_FIELDS))
             drafts = next(getattr(verify_output, f) for f in V1_FIELDS if hasattr(verify_output, f))
