@@ -25,6 +25,7 @@ from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISAB
 from sglang_pcie.patching import baked, register, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
 from sglang_pcie.runtime import draft_watch
 
 V1 = "sglang.srt.speculative.eagle_worker"
@@ -130,28 +131,12 @@ def _span(module: str) -> str:
 
 
 def _expected(module: str, version: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    first, last = MODULE_RELEASES[module]
-    try:
-        release = Version(version)
-    except InvalidVersion:
-        return False
-    return release >= Version(first) and (last is None or release <= Version(last))
+    return in_release_span(version, *MODULE_RELEASES[module])
 
 
 def _names(tree: SourceTree, module: str) -> set[str]:
     """Attribute, keyword and annotated names in ``module`` (empty where it is missing)."""
-    module_tree = tree.tree(module) if tree.source(module) is not None else None
-    names = set()
-    for node in ast.walk(module_tree) if module_tree is not None else ():
-        if isinstance(node, ast.Attribute):
-            names.add(node.attr)
-        elif isinstance(node, ast.keyword) and node.arg:
-            names.add(node.arg)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return names
+    return attribute_and_keyword_names(tree.tree(module) if tree.source(module) is not None else None)
 
 
 def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:

@@ -18,6 +18,7 @@ from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISAB
 from sglang_pcie.patching import baked, register, wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
 from sglang_pcie.runtime import eagle_profiler
 
 V1 = "sglang.srt.speculative.eagle_worker"
@@ -146,14 +147,7 @@ def _describe(module_name, tree: SourceTree | None = None) -> str:
 
 def _expected(module: str, version: str) -> bool:
     """Whether every covered release like ``version`` has ``module`` (False where the version is unknown)."""
-    from packaging.version import InvalidVersion, Version
-
-    first, last = MODULE_RELEASES[module]
-    try:
-        release = Version(version)
-    except InvalidVersion:
-        return False
-    return release >= Version(first) and (last is None or release <= Version(last))
+    return in_release_span(version, *MODULE_RELEASES[module])
 
 
 def _missing_module(tree: SourceTree, module: str) -> str:
@@ -192,7 +186,7 @@ def _shape_problems(tree: SourceTree, module_name) -> list[str]:
 def _token_note(tree: SourceTree, module_name) -> str:
     """Where the cycle's result no longer carries the field the profiler counts accepted tokens from, the
     timers still run but the accept length reads null: said in the detail, not a failure."""
-    names = _attribute_and_keyword_names(tree.tree(module_name))
+    names = attribute_and_keyword_names(tree.tree(module_name))
     fields = RESULT_FIELDS[module_name]
     if any(field in names for field in fields):
         return ""
@@ -232,18 +226,6 @@ def _reached_calls(tree: SourceTree, module: str, cls_name: str, cycle: ast.Func
                 if helper is not None and depth < HELPER_DEPTH:
                     queue.append((helper, owner, depth + 1))
     return called
-
-
-def _attribute_and_keyword_names(module_tree: ast.Module) -> set[str]:
-    names = set()
-    for node in ast.walk(module_tree):
-        if isinstance(node, ast.Attribute):
-            names.add(node.attr)
-        elif isinstance(node, ast.keyword) and node.arg:
-            names.add(node.arg)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return names
 
 
 def _guard_line(module_tree: ast.Module) -> int:

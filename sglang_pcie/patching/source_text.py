@@ -118,6 +118,31 @@ def bound_names(stmt: ast.stmt) -> list[str]:
     return [name for t in targets for name in _target_names(t)]
 
 
+def attribute_and_keyword_names(module_tree: ast.Module | None) -> set[str]:
+    """Attribute names, keyword-argument names and annotated (dataclass field) names anywhere in a module: where a
+    patch reads a field of SGLang's objects, whether the release still spells it so."""
+    names = set()
+    for node in ast.walk(module_tree) if module_tree is not None else ():
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def in_release_span(version: str, first: str, last: str | None) -> bool:
+    """Whether ``version`` lies in [first, last] (last None: no end); False where the version is unknown."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(version)
+    except InvalidVersion:
+        return False
+    return release >= Version(first) and (last is None or release <= Version(last))
+
+
 def _target_names(target: ast.expr) -> list[str]:
     """The names an assignment target binds: ``a``, ``a, (b, *c)``; ``A.b = ...`` and ``a[i] = ...`` bind none."""
     if isinstance(target, ast.Name):
