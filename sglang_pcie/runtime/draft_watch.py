@@ -5,7 +5,8 @@ context: that token is proposed and then rejected, every time.  A drafter with 1
 token-identical text at accept length 2.51 instead of 2.76 and 0.89x batch throughput on one H200, far above the
 accept-length alarm's 1.10.  This watch counts, per target token, how often the drafter proposed it at the first
 draft position and how often the target accepted it, on the GPU, on a sample of verifies, and reads the counts
-back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).
+back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).  A counted verify
+costs two copies into a GPU buffer (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
 
 The test (numbers and why: docs/draft-token-watch.md).  H0, a healthy drafter: every token it proposes first is
 accepted at least ``FLOOR_SHARE`` times as often as its first drafts overall (p_bar).  Under H0 a token proposed n
@@ -17,7 +18,7 @@ never-accepted tokens took at least ``MIN_DEAD_SHARE`` of the first drafts (a lo
 
 Cost: the watch times its own host work (the GPU counting, the rare read-back and the judging) and samples one
 verify in ``stride``, with ``stride`` chosen so that its measured time stays below ``COST_SHARE`` of the measured
-time between verifies.  Only chains (``--speculative-eagle-topk 1``) are watched; only TP rank 0 counts and logs.
+time between verifies; at looks 1, 2, 4, 8, ... it logs that time, as measured, at INFO.  Only chains (``--speculative-eagle-topk 1``) are watched; only TP rank 0 counts and logs.
 
 This module imports neither sglang nor torch at import time.
 """
@@ -39,6 +40,7 @@ ALPHA = 1e-3  # false-warning probability per server under H0, over all its look
 MIN_DEAD_SHARE = 0.02  # never-accepted tokens must have taken at least 2% of the first drafts
 MIN_DEAD_TOKENS = 3
 MIN_PROPOSALS = 1000  # first drafts counted before the first look
+BUFFER_ROWS = 8192  # first drafts held on the GPU (token, accept length) before one bulk count
 LOOK_SECONDS = 10.0  # between read-backs
 COST_SHARE = 0.0005  # the watch's own host time: at most 0.05% of the time between verifies
 SHOWN_TOKENS = 5
@@ -156,12 +158,16 @@ class DraftWatch:
             self._off("no vocabulary size on the worker or the batch")
             return False
         self.counts = torch.zeros(2 * self.vocab, dtype=torch.int64, device=draft.device)
-        self.ones = torch.ones(4096, dtype=torch.int64, device=draft.device)
+        self.ones = torch.ones(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.first_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.accept_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.buffered = 0
         pin = draft.device.type == "cuda"
         self.host = torch.zeros(2 * self.vocab, dtype=torch.int64, pin_memory=pin)
         return True
 
     def _count(self, verify_input, result, kind) -> None:
+        """Two copies: each request's first draft and its accept length (the bonus token included)."""
         import torch
 
         draft = verify_input.draft_token
@@ -170,17 +176,28 @@ class DraftWatch:
         if kind == "v1":
             verify_output = next(r for r in result if any(hasattr(r, f) for f in V1_FIELDS))
             drafts = next(getattr(verify_output, f) for f in V1_FIELDS if hasattr(verify_output, f))
-            first_accepted = torch.tensor([d >= 1 for d in drafts], dtype=torch.int64, device=draft.device)
+            accept_lens = torch.tensor([d + 1 for d in drafts], dtype=torch.int64, device=draft.device)
         else:
-            first_accepted = (result.accept_lens >= 2).to(torch.int64)  # accept_lens counts the bonus token
-        rows = first_accepted.shape[0]
-        if rows == 0 or draft.numel() % rows or draft.numel() // rows < 2 or rows > self.ones.shape[0]:
+            accept_lens = result.accept_lens
+        rows = accept_lens.shape[0]
+        if rows == 0 or draft.numel() % rows or draft.numel() // rows < 2 or rows > BUFFER_ROWS:
             return  # an idle batch, no draft at all (adaptive steps at 0), a shape it does not know: not counted
-        first = draft.reshape(rows, -1)[:, 1].clamp(0, self.vocab - 1)  # column 0 is the verified token
-        self.counts.index_add_(0, first, self.ones[:rows])  # proposed
-        self.counts.index_add_(0, first + self.vocab, first_accepted)  # and accepted
+        if self.buffered + rows > BUFFER_ROWS:
+            self.count_buffered()
+        end = self.buffered + rows
+        self.first_buffer[self.buffered:end].copy_(draft.reshape(rows, -1)[:, 1])  # column 0: the verified token
+        self.accept_buffer[self.buffered:end].copy_(accept_lens)
+        self.buffered = end
         self.sampled += 1
         self.counted += rows
+
+    def count_buffered(self) -> None:
+        """The buffered first drafts into counts: [proposed per token | accepted per token]."""
+        n, self.buffered = self.buffered, 0
+        if n:
+            first = self.first_buffer[:n].clamp_(0, self.vocab - 1)
+            self.counts.index_add_(0, first, self.ones[:n])
+            self.counts.index_add_(0, first + self.vocab, (self.accept_buffer[:n] >= 2).long())
 
     def _read_back(self, now) -> None:
         if self.pending:
@@ -194,6 +211,7 @@ class DraftWatch:
 
             # a look each time the counts double, and every look_seconds: a short burst of traffic is judged too
             self.last_read, self.counted_at_read = now, self.counted
+            self.count_buffered()
             self.host.copy_(self.counts, non_blocking=True)
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
             if self.counts.is_cuda:
@@ -214,6 +232,18 @@ class DraftWatch:
             self.finding = finding
             self._log(warning_message(self.server, finding, self))
             self.state = WARNED
+        elif finding is not None and self.looks & (self.looks - 1) == 0:  # looks 1, 2, 4, 8, ...
+            self.logger.info(f"{LOG_PREFIX}: look {self.looks}: {finding['tested']} tokens tested, {finding['dead']}"
+                             f" never accepted (a healthy drafter: at most {finding['expected_dead']:.2g} expected),"
+                             f" no warning; {self.cost_text()}")
+
+    def cost_text(self) -> str:
+        """The watch's own host time, as measured (the one-time set-up excluded)."""
+        per_verify = self.own_seconds / self.sampled if self.sampled else 0.0
+        share = self.own_seconds / (self.calls * self.interval) if self.calls and self.interval else 0.0
+        return (f"{self.counted:,} first drafts counted in {self.sampled:,} of {self.calls:,} verifies (1 in"
+                f" {self.stride}); own host time {per_verify * 1e6:.1f} us per counted verify, {share:.3%} of the"
+                f" time between verifies ({(self.interval or 0) * 1e3:.2f} ms)")
 
     def _off(self, why: str) -> None:
         self.state = OFF
@@ -300,8 +330,7 @@ def warning_message(server: dict, finding: dict, watch: DraftWatch) -> str:
         "context point to a wrong vocabulary map (d2t / t2d), or a drafter built for another target revision.",
         f"  check the drafter against its target: {check_command(server)}" if server else "",
         f"  (test: {finding['tested']} tokens proposed often enough to test, {finding['expected_dead']:.2g} never "
-        f"accepted expected at most for a healthy drafter, P <= {finding['tail']:.1e}; look {finding['look']}, "
-        f"{watch.sampled:,} of {watch.calls:,} verifies counted; one warning per server; switch off: "
-        f"SGLANG_PCIE_DISABLE_PATCHES={PATCH_ID})",
+        f"accepted expected at most for a healthy drafter, P <= {finding['tail']:.1e}; look {finding['look']}; "
+        f"{watch.cost_text()}; one warning per server; switch off: SGLANG_PCIE_DISABLE_PATCHES={PATCH_ID})",
     ]
     return "\n".join(line for line in lines if line)

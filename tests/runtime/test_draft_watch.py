@@ -147,6 +147,27 @@ def test_a_healthy_drafter_is_never_named(scenarios):
 
 
 @pytest.mark.release
+def test_looks_one_two_four_log_the_watchs_own_measured_cost_at_info(scenarios):
+    logged = scenarios["healthy"]["logged"]
+    assert [line.split(":")[1].strip() for line in logged] == [f"look {k}" for k in (1, 2, 4, 8, 16)
+                                                                 if k <= scenarios["healthy"]["looks"]]
+    assert all("no warning" in line and "us per counted verify" in line and "of the time between verifies" in line
+               for line in logged)
+
+
+@pytest.mark.release
+def test_first_drafts_are_buffered_on_the_device_and_counted_in_bulk_without_loss(scenarios):
+    wraps = scenarios["buffer_wraps"]
+    assert wraps["sampled"] == 9
+    # the buffer (10 rows) full before verifies 3, 5, 7 and 9: four bulk counts of 8 first drafts, 4 of them accepted
+    assert wraps["counted_before_flush"] == 4 * (8 + 4)
+    proposed, accepted = wraps["proposed"], wraps["accepted"]
+    assert [proposed[i] for i in range(9)] == [2] * 9 and proposed[20] == proposed[21] == 9
+    assert [accepted[i] for i in range(9)] == [1] * 9 and accepted[20] == 9 and accepted[21] == 0
+    assert sum(proposed) == 36
+
+
+@pytest.mark.release
 def test_samples_so_that_its_measured_time_stays_under_its_share_of_the_verify_interval(scenarios):
     stride = scenarios["stride"]
     assert stride["stride"] == stride["expected"] == 4  # 20 us of 10 ms at 0.05%: one verify in 4

@@ -1,6 +1,7 @@
 """draft-token-watch driven through its verify wrapper with SGLang-shaped inputs on CPU tensors, in a real SGLang
 install (torch, numpy); prints one JSON object: scenario -> what the watch did."""
 import json
+import logging
 import math
 import sys
 from types import SimpleNamespace as NS
@@ -55,13 +56,26 @@ def counting(kind):
     for _ in range(3):
         clock.now += 0.01
         wrapped(worker(), batch([7, 7, 9, 60], [0, 2, 1, 3]))
+    watch.count_buffered()
     c = watch.counts.tolist()
     return {"proposed": {t: c[t] for t in (7, 9, 49)}, "accepted": {t: c[50 + t] for t in (7, 9, 49)},
             "total": sum(c[:50]), "sampled": watch.sampled, "state": watch.state}
 
 
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def traffic(wrong, verifies=600, seed=3):
     watch, clock = fresh()
+    records = Records()
+    logging.getLogger("types").addHandler(records)  # the watch logs to the worker's module logger (here: types)
+    logging.getLogger("types").setLevel(logging.INFO)
     wrapped = dw.wrap(v2_verify, "v2")
     rng = np.random.default_rng(seed)
     for _ in range(verifies):
@@ -69,8 +83,26 @@ def traffic(wrong, verifies=600, seed=3):
         first = rng.integers(0, 40, 8)
         drafts = np.where(np.isin(first, wrong), 0, rng.integers(0, 3, 8))
         wrapped(worker(), batch(first.tolist(), drafts.tolist()))
+    logging.getLogger("types").removeHandler(records)
     return {"state": watch.state, "lines": watch.lines, "looks": watch.looks, "calls": watch.calls,
-            "top": sorted(t for t, _ in (watch.finding or {}).get("top", []))}
+            "top": sorted(t for t, _ in (watch.finding or {}).get("top", [])), "logged": records.lines}
+
+
+def buffer_wraps():
+    """More first drafts than the GPU buffer holds: counted in bulk each time it fills, none lost."""
+    saved, dw.BUFFER_ROWS = dw.BUFFER_ROWS, 10
+    try:
+        watch, clock = fresh()
+        wrapped = dw.wrap(v2_verify, "v2")
+        for i in range(9):  # 9 x 4 rows through a buffer of 10
+            clock.now += 0.01
+            wrapped(worker(), batch([i, i, 20, 21], [1, 0, 2, 0]))
+        before = int(watch.counts.sum())
+        watch.count_buffered()
+        c = watch.counts.tolist()
+    finally:
+        dw.BUFFER_ROWS = saved
+    return {"counted_before_flush": before, "proposed": c[:50], "accepted": c[50:], "sampled": watch.sampled}
 
 
 def stride():
@@ -111,6 +143,7 @@ def no_drafts():
         clock.now += 0.01
         wrapped(worker(), NS(spec_info=NS(draft_token=torch.tensor([5, 6, 7])), accepted=[0, 0, 0]))
     wrapped(worker(), batch([7, 8], [1, 0]))
+    watch.count_buffered()
     return {"state": watch.state, "lines": watch.lines, "total": int(watch.counts[:50].sum())}
 
 
@@ -126,5 +159,5 @@ print(json.dumps({
     "wrong": traffic([3, 13, 23, 33]), "healthy": traffic([]),
     "stride": stride(),
     "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
-    "error": error(), "no_drafts": no_drafts(),
+    "error": error(), "no_drafts": no_drafts(), "buffer_wraps": buffer_wraps(),
 }))
