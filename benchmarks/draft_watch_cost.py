@@ -5,7 +5,8 @@ here; the watch measures its own time on a GPU and samples by it).
 Drives ``sglang_pcie.runtime.draft_watch.wrap`` around a verify that returns at once, with SGLang-shaped inputs
 (32 requests, 3-step chains, a 128k vocabulary), and reports the median host time per call over ROUNDS rounds of
 CALLS calls: the verify alone, the watch counting every verify (stride 1), and the watch at the stride its own
-measurement picks for a 10 ms verify interval (the looks left out of these), and one look's time apart.
+measurement picks for a 10 ms verify interval (the looks left out of these), a verify it lets pass, and one look's
+time apart.
 
 usage: python benchmarks/draft_watch_cost.py [--rounds 15] [--calls 2000]   (needs torch and numpy: a SGLang env)
 """
@@ -62,6 +63,7 @@ def main():
     sampled_cost = every[0] - base[0]
     stride = max(1, -(-sampled_cost * 1e-6 // (dw.COST_SHARE * 0.010)))
     strided = per_call_us(wrapped, stride=int(stride))
+    passing = per_call_us(wrapped, stride=10 ** 9)  # the verifies it lets pass: an increment and a modulo
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -77,11 +79,13 @@ def main():
     print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CPU tensors), {ROWS} requests x {STEPS} steps, "
           f"vocabulary {VOCAB}; {args.rounds} rounds x {args.calls} calls; us per call: median (min-max)")
     for name, (median, lo, hi) in (("verify alone", base), ("watch, every verify counted", every),
-                                   (f"watch, one verify in {int(stride)} counted", strided)):
+                                   (f"watch, one verify in {int(stride)} counted", strided),
+                                   ("watch, no verify counted", passing)):
         print(f"  {name:<34} {median:8.2f}  ({lo:.2f}-{hi:.2f})")
     print(f"counting one verify costs {sampled_cost:.1f} us here; at a 10 ms verify interval the watch's own "
           f"sampling rule (at most {dw.COST_SHARE:.2%} of the interval) counts one verify in {int(stride)}: "
-          f"{strided[0] - base[0]:.2f} us per verify, {(strided[0] - base[0]) / 100:.4f}% of 10 ms")
+          f"{strided[0] - base[0]:.2f} us per verify, {(strided[0] - base[0]) / 100:.4f}% of 10 ms; a verify it lets "
+          f"pass costs {passing[0] - base[0]:.2f} us (not in the watch's own measurement: it reads no clock there)")
     print(f"one look (judging {VOCAB:,} tokens' counts, 200,000 first drafts): median {statistics.median(look_ms):.2f} "
           f"ms (min {min(look_ms):.2f}, max {max(look_ms):.2f}); the looks come as the counts double and every "
           f"{dw.LOOK_SECONDS:.0f} s: at one a 10 s, {statistics.median(look_ms) / 100:.3f}% of the time; counted in "

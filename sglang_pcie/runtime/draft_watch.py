@@ -40,6 +40,7 @@ ALPHA = 1e-3  # false-warning probability per server under H0, over all its look
 MIN_DEAD_SHARE = 0.02  # never-accepted tokens must have taken at least 2% of the first drafts
 MIN_DEAD_TOKENS = 3
 MIN_PROPOSALS = 1000  # first drafts counted before the first look
+MAX_STRIDE = 10_000
 BUFFER_ROWS = 8192  # first drafts held on the GPU (token, accept length) before one bulk count
 LOOK_SECONDS = 10.0  # between read-backs
 COST_SHARE = 0.0005  # the watch's own host time: at most 0.05% of the time between verifies
@@ -57,6 +58,9 @@ def wrap(function, kind: str = "v2"):
     def verify_watched(self, batch, *args, **kwargs):
         watch = _WATCH or get_watch()
         if watch.state != WATCHING:
+            return function(self, batch, *args, **kwargs)
+        watch.calls += 1
+        if watch.calls % watch.stride:  # a verify not counted: no clock read, no work (docs: its measured cost)
             return function(self, batch, *args, **kwargs)
         verify_input = getattr(batch, "spec_info", None)  # before: verify rebinds batch.spec_info (v1)
         result = function(self, batch, *args, **kwargs)
@@ -88,8 +92,9 @@ class DraftWatch:
         self.calls = 0  # verifies seen
         self.sampled = 0  # verifies counted
         self.stride = 1
-        self.own_seconds = 0.0  # the watch's host time in the verifies it counted (the others: a clock read)
-        self.last_call = None
+        self.own_seconds = 0.0  # the watch's host time in the verifies it counted (the others: an increment)
+        self.last_call = None  # when the last counted verify began
+        self.calls_at_last = 0
         self.interval = None  # running mean of the time between verifies (s)
         self.counts = None  # GPU: [proposed per token | accepted per token], int64
         self.host = self.ready = None  # pinned copy of counts, and the event that says it is complete
@@ -107,15 +112,12 @@ class DraftWatch:
     # ---------------------------------------------------------------- in the decode path
 
     def after_verify(self, worker, batch, verify_input, result, kind) -> None:
-        """One verify. Never raises: an error turns the watch off, with one line saying so."""
+        """One counted verify. Never raises: an error turns the watch off, with one line saying so."""
         start = self.clock()
-        if self.last_call is not None:
-            gap = start - self.last_call
+        if self.last_call is not None:  # the mean time between verifies, from the counted ones
+            gap = (start - self.last_call) / max(1, self.calls - self.calls_at_last)
             self.interval = gap if self.interval is None else 0.9 * self.interval + 0.1 * gap
-        self.last_call = start
-        self.calls += 1
-        if self.calls % self.stride:
-            return
+        self.last_call, self.calls_at_last = start, self.calls
         try:
             if self.counts is None:
                 if not self._bind(worker, batch, verify_input):
@@ -135,7 +137,7 @@ class DraftWatch:
         ``stride`` verifies, at most ``cost_share`` of the measured time between verifies."""
         if self.sampled and self.interval:
             per_sample = self.own_seconds / self.sampled
-            self.stride = max(1, math.ceil(per_sample / (self.cost_share * self.interval)))
+            self.stride = min(MAX_STRIDE, max(1, math.ceil(per_sample / (self.cost_share * self.interval))))
 
     def _bind(self, worker, batch, verify_input) -> bool:
         import torch
