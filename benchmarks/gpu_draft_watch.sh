@@ -2,14 +2,13 @@
 # draft-token-watch's and accept-length-alarm's evidence on ONE H200 (issue 33), in one lease, in the background
 # (SGLang 0.5.16 from ../shared/gpu-e2e; this checkout's wheel installed by its step2.sh):
 #   0. the tokenwise test pair (make-test-models --acceptance tokenwise --preset e2e: hidden 2048, 8 layers; its
-#      healthy drafter accepted token by token) and its broken copies (benchmarks/break_drafter.py): d2t permuted at
-#      10% and 40% of the draft ids, layer ids + 1
-#   1. bench, the default workload (128 x 256 at c=32, 8 streamed): warm-up server, then baseline (SGLANG_PCIE_DISABLE=1)
-#      and overlay (healthy drafter) twice each, counterbalanced (the A/A of the overlay's default patches), and the
-#      three broken drafters once each (last repeat)
-#   2. bench, repetitive traffic (--token-range 10:14: every request's walk starts at one of 4 tokens, so the same
-#      tokens are drafted many times, as the frequent tokens of real text are): baseline, healthy and the two d2t
-#      drafters once each, no warm-up (the machine is warm)
+#      healthy drafter accepted token by token; 3 in 4 random prompts walk its 512-token core) and its broken copies
+#      (benchmarks/break_drafter.py): d2t permuted at 10% and 40% of the draft ids, layer ids + 1
+#   1. bench's default workload (128-token prompts from ids 10:30000, 256 greedy tokens, c=32, 8 streamed) with
+#      BATCH (3200) batch requests instead of 128, so that each server serves about a minute: warm-up server, then
+#      baseline (SGLANG_PCIE_DISABLE=1) and overlay (healthy drafter) twice each, counterbalanced (the A/A of the
+#      overlay's default patches, 4 servers of the healthy drafter), and the three broken drafters once each (last
+#      repeat). The seconds to each warning: benchmarks/draft_watch_times.py over the server logs.
 # Start:   bash benchmarks/gpu_draft_watch.sh start      (returns at once)
 # Collect: bash benchmarks/gpu_draft_watch.sh collect    (WAIT s at most; call again WITHIN 30 s while RUNNING)
 set -u
@@ -37,33 +36,19 @@ work() {
            d2t-permuted-40pct ) > $W/make-models.txt 2>&1
   ls $M >> $W/make-models.txt
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
-  if [ -n "${QUICK:-}" ]; then  # one bench only (a lease short of time): repetitive traffic, one server each
-    stamp bench-quick
-    ( time python3 -m sglang_pcie bench --out $W/quick --repeats 1 --token-range 10:14 --start-timeout 420 \
-        --variant baseline --variant overlay --variant "$(variant d2t10 d2t-permuted-10pct)" \
-        --variant "$(variant d2t40 d2t-permuted-40pct)" --variant "$(variant layers1 layer-ids-plus1)" \
-        -- "${LAUNCH[@]}" ) > $W/quick.stdout 2> $W/quick.stderr
-    echo "bench exit $?" >> $W/quick.stdout; stamp done; touch $W/DONE; return
-  fi
-  stamp bench-default
-  ( time python3 -m sglang_pcie bench --out $W/default --repeats 2 --start-timeout 420 \
-      --variant baseline --variant overlay \
+  stamp bench
+  ( time python3 -m sglang_pcie bench --out $W/served --repeats 2 --batch-requests ${BATCH:-3200} \
+      --start-timeout 420 --variant baseline --variant overlay \
       --variant "$(variant d2t10 d2t-permuted-10pct 1)" --variant "$(variant d2t40 d2t-permuted-40pct 1)" \
-      --variant "$(variant layers1 layer-ids-plus1 1)" -- "${LAUNCH[@]}" ) > $W/default.stdout 2> $W/default.stderr
-  echo "bench exit $?" >> $W/default.stdout
-  stamp bench-repetitive
-  ( time python3 -m sglang_pcie bench --out $W/repetitive --repeats 1 --no-warmup --token-range 10:14 \
-      --start-timeout 420 --variant overlay \
-      --variant "$(variant d2t10 d2t-permuted-10pct)" --variant "$(variant d2t40 d2t-permuted-40pct)" \
-      -- "${LAUNCH[@]}" ) > $W/repetitive.stdout 2> $W/repetitive.stderr
-  echo "bench exit $?" >> $W/repetitive.stdout
+      --variant "$(variant layers1 layer-ids-plus1 1)" -- "${LAUNCH[@]}" ) > $W/served.stdout 2> $W/served.stderr
+  echo "bench exit $?" >> $W/served.stdout
   stamp done
   touch $W/DONE
 }
 
 progress() {
   grep "^===" /tmp/$NAME.log | tail -n 3
-  tail -n 2 $W/quick/progress.log $W/default/progress.log $W/repetitive/progress.log 2>/dev/null
+  tail -n 2 $W/served/progress.log 2>/dev/null
   grep -l "draft-token-watch\|accept-length-alarm" $W/*/runs/*/server.log 2>/dev/null
 }
 
