@@ -6,11 +6,17 @@ token-identical text at accept length 2.51 instead of 2.76 and 0.89x batch throu
 accept-length alarm's 1.10.  This watch counts, per target token, how often the drafter proposed it at the first
 draft position and how often the target accepted it, on the GPU, on a sample of verifies, and reads the counts
 back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).  A counted verify
-costs two copies into a GPU buffer (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
+costs three copies into a GPU buffer (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
 
-The test (numbers and why: docs/draft-token-watch.md).  H0, a healthy drafter: every token it proposes first is
-accepted at least ``FLOOR_SHARE`` times as often as its first drafts overall (p_bar).  Under H0 a token proposed n
-times is never accepted with probability at most q = (1 - FLOOR_SHARE * p_bar)^n.  The tokens tested are those with
+The test (numbers and why: docs/draft-token-watch.md).  The trials are contexts, not proposals: greedy decoding
+repeats a miss in a repeated context (the same prompt, or a text whose next token depends on the last one only),
+so a healthy drafter's token proposed 40 times in 2 contexts can be rejected all 40 times; that gave false warnings
+on one H200.  A context here is the verified token before the draft, hashed into ``CONTEXT_BUCKETS`` buckets; a
+token's n is the number of buckets it was proposed in.  H0, a healthy drafter: in each context a token it proposes
+first is accepted with probability at least ``FLOOR_SHARE`` times its first drafts' overall acceptance (p_bar),
+independently across contexts.  Under H0 a token proposed in n contexts is never accepted with probability at most
+q = (1 - FLOOR_SHARE * p_bar)^n.  A wrong map entry is rejected in every context; a frequent token is proposed
+after many different tokens.  The tokens tested are those with
 q <= ``Q_TESTED``; D of them were never accepted, where H0 expects at most mu = sum q.  The k-th look warns when
 P(D >= d | H0) <= alpha_k (a Chernoff bound for a sum of independent Bernoulli trials), with alpha_k =
 ``ALPHA`` * 6 / (pi^2 k^2), so that all looks of one server together stay below ``ALPHA``; and only when the
@@ -40,6 +46,8 @@ ALPHA = 1e-3  # false-warning probability per server under H0, over all its look
 MIN_DEAD_SHARE = 0.02  # never-accepted tokens must have taken at least 2% of the first drafts
 MIN_DEAD_TOKENS = 3
 MIN_PROPOSALS = 1000  # first drafts counted before the first look
+CONTEXT_BUCKETS = 64  # a token's contexts: the verified tokens before it, hashed (id & 63)
+FIRST_STRIDE = 100  # count one verify in 100 until the watch has measured its own cost
 MAX_STRIDE = 10_000
 BUFFER_ROWS = 8192  # first drafts held on the GPU (token, accept length) before one bulk count
 LOOK_SECONDS = 10.0  # between read-backs
@@ -86,12 +94,13 @@ def set_watch(watch: "DraftWatch | None") -> None:
 
 
 class DraftWatch:
-    def __init__(self, clock=time.perf_counter, look_seconds=LOOK_SECONDS, cost_share=COST_SHARE):
+    def __init__(self, clock=time.perf_counter, look_seconds=LOOK_SECONDS, cost_share=COST_SHARE,
+                 first_stride=FIRST_STRIDE):
         self.clock, self.look_seconds, self.cost_share = clock, look_seconds, cost_share
         self.state = WATCHING
         self.calls = 0  # verifies seen
         self.sampled = 0  # verifies counted
-        self.stride = 1
+        self.stride = first_stride
         self.own_seconds = 0.0  # the watch's host time in the verifies it counted (the others: an increment)
         self.last_call = None  # when the last counted verify began
         self.calls_at_last = 0
@@ -159,17 +168,20 @@ class DraftWatch:
         if not self.vocab:
             self._off("no vocabulary size on the worker or the batch")
             return False
-        self.counts = torch.zeros(2 * self.vocab, dtype=torch.int64, device=draft.device)
+        self.counts = torch.zeros(3 * self.vocab, dtype=torch.int64, device=draft.device)
+        self.contexts = torch.zeros((self.vocab, CONTEXT_BUCKETS), dtype=torch.uint8, device=draft.device)
         self.ones = torch.ones(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.ones_u8 = torch.ones(BUFFER_ROWS, dtype=torch.uint8, device=draft.device)
         self.first_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.context_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
         self.accept_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
         self.buffered = 0
         pin = draft.device.type == "cuda"
-        self.host = torch.zeros(2 * self.vocab, dtype=torch.int64, pin_memory=pin)
+        self.host = torch.zeros(3 * self.vocab, dtype=torch.int64, pin_memory=pin)
         return True
 
     def _count(self, verify_input, result, kind) -> None:
-        """Two copies: each request's first draft and its accept length (the bonus token included)."""
+        """Three copies: each request's verified token, first draft and accept length (the bonus token included)."""
         import torch
 
         draft = verify_input.draft_token
@@ -187,19 +199,26 @@ class DraftWatch:
         if self.buffered + rows > BUFFER_ROWS:
             self.count_buffered()
         end = self.buffered + rows
-        self.first_buffer[self.buffered:end].copy_(draft.reshape(rows, -1)[:, 1])  # column 0: the verified token
+        chains = draft.reshape(rows, -1)
+        self.first_buffer[self.buffered:end].copy_(chains[:, 1])
+        self.context_buffer[self.buffered:end].copy_(chains[:, 0])  # the verified token: the draft's context
         self.accept_buffer[self.buffered:end].copy_(accept_lens)
         self.buffered = end
         self.sampled += 1
         self.counted += rows
 
     def count_buffered(self) -> None:
-        """The buffered first drafts into counts: [proposed per token | accepted per token]."""
+        """The buffered first drafts into counts ([proposed | accepted] per token) and each token's context
+        buckets."""
+        if self.counts is None:
+            return
         n, self.buffered = self.buffered, 0
         if n:
             first = self.first_buffer[:n].clamp_(0, self.vocab - 1)
             self.counts.index_add_(0, first, self.ones[:n])
             self.counts.index_add_(0, first + self.vocab, (self.accept_buffer[:n] >= 2).long())
+            bucket = self.context_buffer[:n].bitwise_and_(CONTEXT_BUCKETS - 1)
+            self.contexts.index_put_((first, bucket), self.ones_u8[:n])
 
     def _read_back(self, now) -> None:
         if self.pending:
@@ -214,6 +233,7 @@ class DraftWatch:
             # a look each time the counts double, and every look_seconds: a short burst of traffic is judged too
             self.last_read, self.counted_at_read = now, self.counted
             self.count_buffered()
+            torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
             self.host.copy_(self.counts, non_blocking=True)
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
             if self.counts.is_cuda:
@@ -223,13 +243,13 @@ class DraftWatch:
     # ---------------------------------------------------------------- judging (host, numpy)
 
     def judge_counts(self, counts) -> None:
-        """Judge a read-back of ``counts``: [proposed per token | accepted per token] (see ``_count``)."""
-        vocab = len(counts) // 2
-        proposed, accepted = counts[:vocab], counts[vocab:]
+        """Judge a read-back of ``counts``: [proposed | accepted | context buckets] per token (``count_buffered``)."""
+        vocab = len(counts) // 3
+        proposed, accepted, contexts = counts[:vocab], counts[vocab:2 * vocab], counts[2 * vocab:]
         if int(proposed.sum()) < MIN_PROPOSALS:
             return  # not a look: spends none of ALPHA
         self.looks += 1
-        finding = judge(proposed, accepted, self.looks)
+        finding = judge(proposed, accepted, self.looks, contexts)
         if finding is not None and finding["warn"] and self.state == WATCHING:
             self.finding = finding
             self._log(warning_message(self.server, finding, self))
@@ -292,8 +312,9 @@ def look_alpha(look: int) -> float:
     return ALPHA * 6 / (math.pi ** 2 * look ** 2)
 
 
-def judge(proposed, accepted, look: int = 1) -> dict | None:
-    """The test of the module docstring on per-token counts (numpy int arrays); None before MIN_PROPOSALS."""
+def judge(proposed, accepted, look: int = 1, contexts=None) -> dict | None:
+    """The test of the module docstring on per-token counts (numpy int arrays; ``contexts``: the context buckets
+    each token was proposed in, None: every proposal in a context of its own); None before MIN_PROPOSALS."""
     import numpy as np
 
     total = int(proposed.sum())
@@ -305,7 +326,8 @@ def judge(proposed, accepted, look: int = 1) -> dict | None:
         return None  # nothing accepted at all: the accept-length alarm's case
     seen = proposed > 0
     q = np.ones(len(proposed))
-    q[seen] = np.exp(proposed[seen] * math.log1p(-floor))
+    trials = proposed if contexts is None else contexts
+    q[seen] = np.exp(trials[seen] * math.log1p(-floor))
     tested = seen & (q <= Q_TESTED)
     dead = tested & (accepted == 0)
     mu, d = float(q[tested].sum()), int(dead.sum())

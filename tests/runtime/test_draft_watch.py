@@ -147,6 +147,14 @@ def test_a_healthy_drafter_is_never_named(scenarios):
 
 
 @pytest.mark.release
+def test_misses_repeated_in_one_context_are_no_warning(scenarios):
+    """The false warnings of the first H200 run: the tokenwise pair's healthy drafter misses a fifth of its tokens
+    in their one context, every time; counted per context, those tokens are never tested."""
+    repeated = scenarios["repeated_contexts"]
+    assert repeated["state"] == dw.WATCHING and repeated["lines"] == [] and repeated["looks"] >= 3
+
+
+@pytest.mark.release
 def test_looks_one_two_four_log_the_watchs_own_measured_cost_at_info(scenarios):
     logged = scenarios["healthy"]["logged"]
     assert [line.split(":")[1].strip() for line in logged] == [f"look {k}" for k in (1, 2, 4, 8, 16)

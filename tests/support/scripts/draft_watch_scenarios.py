@@ -26,10 +26,14 @@ def worker(tp_rank=0, topk=1, vocab=50):
     return NS(tp_rank=tp_rank, topk=topk, server_args=args, target_worker=NS(model_config=NS(vocab_size=vocab)))
 
 
-def batch(first, accepted_drafts, steps=3):
+VERIFIED = iter(range(10 ** 9))  # the verified tokens before the drafts: a new one each row (varied contexts)
+
+
+def batch(first, accepted_drafts, steps=3, verified=None):
     """Per request [verified token, first draft, more drafts], flattened as SGLang holds draft_token."""
     draft = torch.zeros((len(first), steps + 1), dtype=torch.int64)
     draft[:, 1] = torch.tensor(first)
+    draft[:, 0] = torch.tensor(verified if verified is not None else [next(VERIFIED) for _ in first])
     return NS(spec_info=NS(draft_token=draft.reshape(-1)), accepted=list(accepted_drafts))
 
 
@@ -45,7 +49,7 @@ def v1_verify(self, b):
 
 def fresh():
     clock = Clock()
-    watch = dw.DraftWatch(clock=clock, look_seconds=1.0)
+    watch = dw.DraftWatch(clock=clock, look_seconds=1.0, first_stride=1)
     dw.set_watch(watch)
     return watch, clock
 
@@ -69,6 +73,20 @@ class Records(logging.Handler):
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+
+
+def repeated_contexts(verifies=600, seed=4):
+    """The tokenwise test pair's traffic: each token is only ever drafted after one verified token (its one
+    context), and the healthy drafter misses 1 token in 5 in its context, every time."""
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    rng = np.random.default_rng(seed)
+    for _ in range(verifies):
+        clock.now += 0.01
+        first = rng.integers(0, 40, 8)
+        drafts = np.where(first % 5 == 0, 0, rng.integers(1, 3, 8))
+        wrapped(worker(), batch(first.tolist(), drafts.tolist(), verified=(first + 1).tolist()))
+    return {"state": watch.state, "lines": watch.lines, "looks": watch.looks}
 
 
 def traffic(wrong, verifies=600, seed=3):
@@ -160,4 +178,5 @@ print(json.dumps({
     "stride": stride(),
     "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
     "error": error(), "no_drafts": no_drafts(), "buffer_wraps": buffer_wraps(),
+    "repeated_contexts": repeated_contexts(),
 }))
