@@ -70,7 +70,7 @@ class AcceptLengthAlarm(Patch):
             parameters = tuple(inspect.signature(function).parameters)[:len(PARAMETERS)]
             if parameters != PARAMETERS:
                 raise Drift(f"{CLASS}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            wrapping.wrap_member(cls, HOOK, accept_alarm.wrap, self.id)  # on the class, as the diff decorates it
+            wrapping.wrap_member(cls, HOOK, self.wrapper(settings), self.id)  # on the class, as the diff decorates it
         return Result(APPLIED, f"watching {CLASS}.{HOOK}")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

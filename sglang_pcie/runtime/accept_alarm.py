@@ -47,8 +47,8 @@ WORKING_FIRST_DRAFT = 0.3  # first-draft acceptance of the poorest drafters that
 WATCHING, ALARMED, DONE, OFF = "watching", "alarmed", "done", "off"
 
 
-def wrap(function):
-    """``function`` (SGLang's per-finished-request spec metrics) followed by the watch."""
+def wrap(function, settings=None):
+    """``function`` (SGLang's per-finished-request spec metrics) followed by the watch (which reads no setting)."""
     @functools.wraps(function)
     def spec_decoding_metrics_watched(self, meta_info, recv_obj, i, *args, **kwargs):
         result = function(self, meta_info, recv_obj, i, *args, **kwargs)
