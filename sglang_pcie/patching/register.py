@@ -190,12 +190,14 @@ REGISTER = (
                         "exists, reads the per-request verify and accepted-draft counters, and is called only for "
                         "finished requests"),
         runtime_method=("post-import hook on tokenizer_manager wraps TokenizerManager._calculate_spec_decoding_metrics "
-                        "(called once per finished request of a speculative run) with "
+                        "(called once per finished request of a speculative run; or the one component class the "
+                        "module imports that has it, where SGLang moved it) with "
                         "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
-        static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
-                       "it reads on recv_obj, every call of it (through self or the class) inside an "
-                       "`if ...finished:` branch; where it went when it is gone (the file and class now defining it, "
-                       "the files now calling it)"),
+        static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters (followed to the "
+                       "one component class tokenizer_manager imports, where it moved), the counters it reads on "
+                       "recv_obj, every call of it (through self, an attribute of self or the class) inside an "
+                       "`if ...finished:` branch; where it went when it is gone (the module and class now defining "
+                       "it, the files now calling it)"),
     ),
     Entry(
         id="node-agreement",

@@ -9,8 +9,8 @@ be set consistently on every rank (nccl#626).
 The payload of the ``node-agreement`` patch (``sglang_pcie.patching.node_agreement``): ``wrap`` is installed over
 SGLang's ``parallel_state.init_distributed_environment`` at import, and by the versioned diffs' guard
 (``runtime/baked.py``), each handing it the settings the patch was gated with; ``agreeing`` is the decorator diffs
-baked by older versions put on it. After the first call returns, ``check_once`` runs, and only where the launch spans nodes
-(``SGLANG_PCIE_NNODES`` above 1, or a world larger than this node's GPUs); a one-node server inherits one
+baked by older versions put on it. After the first call returns, ``check_once`` runs, and only where the launch
+spans nodes (``SGLANG_PCIE_NNODES`` above 1, or a world larger than this node's GPUs); a one-node server inherits one
 environment in every rank and is left alone (nothing gathered).
 
 The settings travel through the store of torch's default process group (the TCP store every rank reached at

@@ -5,8 +5,8 @@ them and the acceptance rule keeps a prefix), draft re-extend (the draft model c
 ``wrap(function, phase)`` times a worker method as one of those phases ("cycle" for the whole
 ``forward_batch_generation``); the runtime patch (``sglang_pcie.patching.eagle3_profile``) and the versioned diffs
 (through their guard, ``runtime/baked.py``; ``profile_phase`` for diffs baked by older versions) both install
-exactly these wrappers, handing down the settings the patch was gated with.  This module holds those hooks and the process's
-profiler; the rest of the package:
+exactly these wrappers, handing down the settings the patch was gated with.  This module holds those hooks and the
+process's profiler; the rest of the package:
 
 * ``profiler``: the Profiler (counts every cycle, times a sample, reads the timers, closes and reports intervals);
 * ``clocks``: CUDA events on the current stream, or the host clock;
