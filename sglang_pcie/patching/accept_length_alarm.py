@@ -11,12 +11,21 @@ API.  It reads ``recv_obj.spec_verify_ct`` and the accepted drafts (``spec_accep
 ``spec_accepted_drafts`` in 0.5.11, ``spec_num_correct_drafts`` from 0.5.12), the same per-request counters the
 scheduler sums into its ``accept len:`` line.  The scheduler's decode-line method itself is no hook for this: from
 0.5.10 (``report_decode_stats``) it runs on every decode step and only its body checks the log interval.
+
+Where SGLang moves the hook to a component class (as it split its scheduler and model runner into component
+classes in 0.5.23; the tokenizer manager's split is being prepared), the hook is followed: a class that
+``tokenizer_manager`` binds at its top level (imports, or defines) other than TokenizerManager, on which attribute
+lookup finds the hook, is watched instead, statically (the check, the diff) and at runtime (the module's namespace
+holds the same classes), provided it is the only one. A call through an attribute of the manager
+(``self.<component>.<hook>(...)``) or through the class counts as a call. Where the hook went elsewhere, the detail
+says where (``moved to <module>.<Class>.<hook>``).
 """
 from __future__ import annotations
 
 import ast
 import inspect
 import re
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Mapping
 
@@ -44,18 +53,19 @@ class AcceptLengthAlarm(Patch):
         found, problems = _inspect(tree)
         if problems:
             return Result(DRIFTED, "; ".join(problems))
-        if f"{DIFF_MARKER} {self.id}" in tree.source(MODULE):
+        if any(f"{DIFF_MARKER} {self.id}" in (tree.source(m) or "") for m in {MODULE, found.module}):
             return Result(APPLIED, "source carries the sglang-pcie diff")
-        owner_module, owner, _, field = found
-        inherited = f", inherited from {owner}" if owner != CLASS else ""
-        return Result(APPLICABLE, f"watches {CLASS}.{HOOK} (once per finished request{inherited}; reads "
-                                  f"{accept_alarm.VERIFY_FIELD}, {field})")
+        inherited = f", inherited from {found.owner}" if found.owner != found.cls else ""
+        moved = f"moved from {CLASS} to a component class; " if found.moved else ""
+        return Result(APPLICABLE, f"watches {found.label}.{HOOK} ({moved}once per finished request{inherited}; reads "
+                                  f"{accept_alarm.VERIFY_FIELD}, {found.field})")
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
         if self.check_source(tree).status != APPLICABLE:
             return {}
-        (owner_module, owner, function, _), _ = _inspect(tree)
-        return {MODULE: _add_decorator(tree, function if owner_module == MODULE and owner == CLASS else None)}
+        found, _ = _inspect(tree)
+        own = (found.owner_module, found.owner) == (found.module, found.cls)
+        return {found.module: _add_decorator(tree, found.module, found.cls, found.function if own else None)}
 
     # -- runtime
 
@@ -63,15 +73,17 @@ class AcceptLengthAlarm(Patch):
         cls = getattr(module, CLASS, None)
         if not inspect.isclass(cls):
             raise Drift(f"{MODULE}.{CLASS} is missing")
-        function = wrapping.member(cls, HOOK)
+        owner = _runtime_owner(module, cls)
+        function = wrapping.member(owner, HOOK)
         if not inspect.isfunction(function):
             raise Drift(f"{CLASS}.{HOOK} is missing or not a plain function")
+        label = _runtime_label(owner)
         if not is_patched(function, self.id):
             parameters = tuple(inspect.signature(function).parameters)[:len(PARAMETERS)]
             if parameters != PARAMETERS:
-                raise Drift(f"{CLASS}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            wrapping.wrap_member(cls, HOOK, accept_alarm.wrap, self.id)  # on the class, as the diff decorates it
-        return Result(APPLIED, f"watching {CLASS}.{HOOK}")
+                raise Drift(f"{label}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+            wrapping.wrap_member(owner, HOOK, self.wrapper(settings), self.id)  # on the class, as the diff does
+        return Result(APPLIED, f"watching {label}.{HOOK}")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         reason = self.disabled_reason(settings)
@@ -80,60 +92,149 @@ class AcceptLengthAlarm(Patch):
         module = modules.get(MODULE)
         if module is None:
             return Result(DRIFTED, f"{MODULE} is missing")
-        if not is_patched(getattr(getattr(module, CLASS, None), HOOK, None), self.id):
-            return Result(DRIFTED, f"{CLASS}.{HOOK} is not watched in this process")
-        return Result(APPLIED, f"watching {CLASS}.{HOOK} (one warning per server when EAGLE drafts are almost never "
+        cls = getattr(module, CLASS, None)
+        try:
+            owner = _runtime_owner(module, cls) if inspect.isclass(cls) else None
+        except Drift as exc:
+            return Result(DRIFTED, str(exc))
+        label = _runtime_label(owner) if owner is not None else CLASS
+        if not is_patched(getattr(owner, HOOK, None), self.id):
+            return Result(DRIFTED, f"{label}.{HOOK} is not watched in this process")
+        return Result(APPLIED, f"watching {label}.{HOOK} (one warning per server when EAGLE drafts are almost never "
                                "accepted)")
 
 
 PATCH = AcceptLengthAlarm()
 
 
+# -- where the hook is, at runtime: TokenizerManager's (own or inherited), or the one component class that has it
+
+def _runtime_owner(module: ModuleType, cls: type) -> type:
+    """The class to wrap: TokenizerManager where attribute lookup finds the hook on it; otherwise the one other
+    class ``module`` binds (imports or defines) that has it, where a split into component classes moved it."""
+    if wrapping.member(cls, HOOK) is not None:
+        return cls
+    components = []
+    for value in vars(module).values():
+        if inspect.isclass(value) and value is not cls and value not in components \
+                and inspect.isfunction(wrapping.member(value, HOOK)):
+            components.append(value)
+    if len(components) > 1:
+        raise Drift(f"{CLASS}.{HOOK} is missing; moved to more than one class {MODULE} uses: "
+                    + ", ".join(f"{_runtime_label(c)}.{HOOK}" for c in components))
+    return components[0] if components else cls
+
+
+def _runtime_label(owner: type) -> str:
+    return CLASS if owner.__name__ == CLASS else f"{owner.__module__}.{owner.__qualname__}"
+
+
 # -- the static check
 
+@dataclass
+class _Found:
+    module: str  # the module of the class wrapped (tokenizer_manager, or a component's)
+    cls: str  # TokenizerManager, or the component class the hook moved to
+    owner_module: str  # where attribute lookup finds the hook (the class itself, or a base)
+    owner: str
+    function: ast.FunctionDef
+    field: str | None = None  # the accepted-drafts counter it reads
+
+    @property
+    def moved(self) -> bool:
+        return (self.module, self.cls) != (MODULE, CLASS)
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.cls}" if self.moved else CLASS
+
+
 def _inspect(tree: SourceTree):
-    """((defining module, defining class, the hook's ast, the accepted-drafts field it reads), problems)."""
+    """(_Found, problems)."""
     if tree.source(MODULE) is None:
         return None, [_missing_module(tree)]
     if tree.find_class(MODULE, CLASS) is None:
         return None, [f"class {CLASS} missing from {MODULE}"]
+    where = (MODULE, CLASS)
     found = tree.method(MODULE, CLASS, HOOK, concrete=True)
     if found is None:
-        return None, [f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)"
-                      + _now_defined_in(tree)]
+        components = _components(tree)
+        found = tree.method(*components[0], HOOK, concrete=True) if len(components) == 1 else None
+        if found is None:
+            return None, [_missing_hook(tree, components)]
+        where = components[0]
     owner_module, owner, function = found
     if isinstance(function, ast.AsyncFunctionDef):
-        return None, [f"{CLASS}.{HOOK} is a coroutine function now"]
+        return None, [f"{where[1]}.{HOOK} is a coroutine function now"]
+    result = _Found(*where, owner_module, owner, function)
     problems = []
     parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(PARAMETERS)]
     if parameters != PARAMETERS:
-        problems.append(f"{CLASS}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+        problems.append(f"{where[1]}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
     read = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name) and node.value.id == "recv_obj"}
     if accept_alarm.VERIFY_FIELD not in read:
         problems.append(f"{HOOK} no longer reads recv_obj.{accept_alarm.VERIFY_FIELD}")
-    field = next((f for f in accept_alarm.ACCEPTED_FIELDS if f in read), None)
-    if field is None:
+    result.field = next((f for f in accept_alarm.ACCEPTED_FIELDS if f in read), None)
+    if result.field is None:
         problems.append(f"{HOOK} reads none of recv_obj.{', '.join(accept_alarm.ACCEPTED_FIELDS)} (the accepted-draft "
                         "counter was renamed?)")
-    problems.extend(_call_site_problems(tree))
-    return (owner_module, owner, function, field), problems
+    problems.extend(_call_site_problems(tree, result))
+    return result, problems
 
 
-def _call_site_problems(tree: SourceTree) -> list[str]:
+def _components(tree: SourceTree) -> list[tuple[str, str]]:
+    """(module, class) of each class ``MODULE`` binds at its top level (imported or its own), TokenizerManager
+    aside, on which attribute lookup finds the hook: where a split of TokenizerManager into component classes moved
+    it, as the runtime finds it (the module's namespace holds the same classes)."""
+    found = []
+    for name in tree.bindings(MODULE):
+        key = tree.class_at(MODULE, name) if name != CLASS else None
+        if key is not None and key not in found and tree.member_owner(*key, HOOK) is not None:
+            found.append(key)
+    return found
+
+
+def _missing_hook(tree: SourceTree, components: list[tuple[str, str]]) -> str:
+    if len(components) > 1:
+        return (f"{CLASS}.{HOOK} missing; moved to more than one class {MODULE} uses: "
+                + ", ".join(f"{module}.{cls}.{HOOK}" for module, cls in components)
+                + " (which one runs per finished request is not known)")
+    return f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?)" + _moved_to(tree)
+
+
+def _call_site_problems(tree: SourceTree, found: _Found) -> list[str]:
     """The hook must be called only for finished requests: a call outside SGLang's ``if ...finished:`` branch
     (a streamed chunk) would count a request's verifies again at each chunk."""
-    module_tree = tree.tree(MODULE)
-    parents = {child: node for node in ast.walk(module_tree) for child in ast.iter_child_nodes(node)}
-    # ``self.<hook>(...)``, or through the class: ``TokenizerManager.<hook>(self, ...)`` is the same call.
-    calls = [node for node in ast.walk(module_tree) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == HOOK
-             and isinstance(node.func.value, ast.Name) and node.func.value.id in ("self", CLASS)]
+    calls = []
+    for module in dict.fromkeys([MODULE, found.module]):
+        module_tree = tree.tree(module)
+        parents = {child: node for node in ast.walk(module_tree) for child in ast.iter_child_nodes(node)}
+        calls.extend((module, call, parents) for call in ast.walk(module_tree)
+                     if isinstance(call, ast.Call) and _calls_the_hook(call.func, found))
     if not calls:
-        return [f"{HOOK} is no longer called in {MODULE} (the per-request figures are computed elsewhere)"
+        where = MODULE if not found.moved else f"{MODULE} or {found.module}"
+        return [f"{HOOK} is no longer called in {where} (the per-request figures are computed elsewhere)"
                 + _called_in(tree)]
-    return [f"{HOOK} is called outside the finished-request branch (line {call.lineno}): it would count a request "
-            "more than once" for call in calls if not _under_finished_branch(call, parents)]
+    return [f"{HOOK} is called outside the finished-request branch ({_at(module, call)}): it would count a request "
+            "more than once" for module, call, parents in calls if not _under_finished_branch(call, parents)]
+
+
+def _calls_the_hook(func: ast.expr, found: _Found) -> bool:
+    """``self.<hook>(...)`` or ``TokenizerManager.<hook>(self, ...)``; where the hook moved to a component class,
+    also through an attribute of the manager (``self.<component>.<hook>(...)``) or the component class."""
+    if not isinstance(func, ast.Attribute) or func.attr != HOOK:
+        return False
+    receiver = func.value
+    if isinstance(receiver, ast.Name):
+        return receiver.id in ("self", CLASS, found.cls)
+    while found.moved and isinstance(receiver, ast.Attribute):
+        receiver = receiver.value
+    return found.moved and isinstance(receiver, ast.Name) and receiver.id == "self"
+
+
+def _at(module: str, call: ast.Call) -> str:
+    return f"line {call.lineno}" if module == MODULE else f"{module} line {call.lineno}"
 
 
 def _under_finished_branch(node: ast.AST, parents: dict) -> bool:
@@ -158,20 +259,23 @@ def _srt_files(tree: SourceTree, pattern: str) -> list[tuple[str, str]]:
     return found
 
 
-def _now_defined_in(tree: SourceTree) -> str:
-    """Where the hook is defined now (file and class), for a detail that says where it went; "" if nowhere."""
+def _moved_to(tree: SourceTree) -> str:
+    """Where the hook is defined now (``<module>.<Class>.<hook>``), for a detail that says where it went; "" if
+    nowhere. A class there that ``MODULE`` does not bind is out of the runtime hook's reach: the detail says so."""
     places = []
     for rel, text in _srt_files(tree, rf"^\s*(async\s+)?def {HOOK}\("):
+        module = rel[:-len(".py")].replace("/", ".").removesuffix(".__init__")
         try:
-            module = ast.parse(text)
+            parsed = ast.parse(text)
         except SyntaxError:
-            places.append(rel)
+            places.append(f"{module} (does not parse)")
             continue
-        owners = [node.name for node in ast.walk(module) if isinstance(node, ast.ClassDef)
+        owners = [node.name for node in ast.walk(parsed) if isinstance(node, ast.ClassDef)
                   and any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == HOOK
                           for item in node.body)]
-        places.extend(f"{rel} ({owner})" for owner in owners or ["module level"])
-    return f"; {HOOK} is now defined in {', '.join(places)}" if places else ""
+        places.extend([f"{module}.{owner}.{HOOK}" for owner in owners] or [f"{module}.{HOOK} (module level)"])
+    return (f"; moved to {', '.join(places)}, which {MODULE} does not import (the runtime hook cannot follow it "
+            "there)") if places else ""
 
 
 def _called_in(tree: SourceTree) -> str:
@@ -193,11 +297,12 @@ def _missing_module(tree: SourceTree) -> str:
 
 # -- the versioned diff
 
-def _add_decorator(tree: SourceTree, own: ast.FunctionDef | None) -> str:
-    """The module's source with the guard before the class and the decorator above the hook (or, where the class
-    inherits it, a decorated override at the end of the class that calls the inherited method)."""
-    cls = tree.find_class(MODULE, CLASS)[1]
-    edits = SourceEdits(tree.source(MODULE))
+def _add_decorator(tree: SourceTree, module: str, cls_name: str, own: ast.FunctionDef | None) -> str:
+    """The source of ``module`` with the guard before the class (TokenizerManager, or the component class the hook
+    moved to) and the decorator above the hook (or, where the class inherits it, a decorated override at the end of
+    the class that calls the inherited method)."""
+    cls = tree.find_class(module, cls_name)[1]
+    edits = SourceEdits(tree.source(module))
     edits.insert_lines(min([cls.lineno] + [d.lineno for d in cls.decorator_list]),
                        baked.guard_block(accept_alarm.PATCH_ID) + "\n\n", indent="")
     if own is not None:

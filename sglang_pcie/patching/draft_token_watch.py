@@ -15,7 +15,6 @@ so the two diffs never touch the same lines and the watch sits outside the profi
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 from types import ModuleType
 from typing import Mapping
@@ -100,7 +99,7 @@ class DraftTokenWatch(Patch):
             parameters = tuple(inspect.signature(inspect.unwrap(function)).parameters)[:len(PARAMETERS)]
             if parameters != PARAMETERS:
                 raise Drift(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            wrapping.wrap_member(cls, METHOD, functools.partial(draft_watch.wrap, kind=kind), self.id)
+            wrapping.wrap_member(cls, METHOD, self.wrapper(settings, kind), self.id)
         return Result(APPLIED, _describe(module.__name__))
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

@@ -425,7 +425,7 @@ class DrafterDelegation(Patch):
             raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
         if not isinstance(getattr(module, "logger", None), logging.Logger):
             raise Drift(f"{module.__name__} has no module-level logger")
-        wrapping.wrap_member(runner, "load_model", payload.wrap, self.id)
+        wrapping.wrap_member(runner, "load_model", self.wrapper(settings), self.id)
         return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

@@ -7,7 +7,6 @@ are which phase in each release, wraps them at import (runtime) or writes the de
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import re
 from types import ModuleType
@@ -107,7 +106,7 @@ class Eagle3Profile(Patch):
                 raise Drift(f"{cls_name}.{method} is missing or not a plain function")
             found.append((cls, method, phase))
         for cls, method, phase in found:
-            wrapping.wrap_member(cls, method, functools.partial(eagle_profiler.wrap, phase=phase), self.id)
+            wrapping.wrap_member(cls, method, self.wrapper(settings, phase), self.id)
         return Result(APPLIED, _describe(module.__name__))
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

@@ -8,7 +8,7 @@ answers three questions:
 * ``apply(module, settings)``: called right after each of its targets is imported. A template: a module whose
   source carries the patch's versioned diff is left alone (one test for every patch: its ``# sglang-pcie: <id>``
   lines), a release older than the patch covers is not touched, and only then does the patch's own ``install``
-  run.
+  run, with the settings activation gated the patch with: it hands them to the payload (``wrapper``).
 * ``check_runtime(modules, settings)``: in a process where the targets are imported, is the patch in effect?
 
 ``rewrite(tree)`` is the source-level twin of ``install``: the versioned diffs are generated from it.
@@ -19,10 +19,11 @@ import importlib
 import inspect
 import sys
 from types import ModuleType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sglang_pcie.patching import register
 from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.runtime import baked
 from sglang_pcie.runtime.results import (  # noqa: F401  (the patches' vocabulary, re-exported)
     APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, ERROR, FAILING_STATUSES, MARKER_ATTR, NOT_APPLICABLE,
     STATUSES, UPSTREAM, Drift, Result, StrictModeError, is_patched, mark)
@@ -51,6 +52,16 @@ class Patch:
     def disabled_reason(self, settings) -> str | None:
         """Why the patch is not wanted under ``settings`` (the register's one gate), or None when it is."""
         return register.disabled_reason(self.entry, settings)
+
+    def wrapper(self, settings, *args) -> Callable:
+        """The patch's payload (``payload`` in the register) as ``wrapping.wrap_member`` takes it:
+        ``original -> payload(original, *args, settings=settings)``, the very call a baked diff's guard makes, with
+        the settings ``install`` was handed."""
+        payload = baked.payload_of(self.entry)
+
+        def wrap(original):
+            return payload(original, *args, settings=settings)
+        return wrap
 
     def check_source(self, tree: SourceTree) -> Result:
         raise NotImplementedError

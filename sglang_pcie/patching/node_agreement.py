@@ -184,7 +184,7 @@ class NodeAgreement(Patch):
         problem = agreement.runtime_problem()
         if problem:
             raise Drift(problem)
-        wrapping.wrap_member(module, HOOK, agreement.wrap, self.id)
+        wrapping.wrap_member(module, HOOK, self.wrapper(settings), self.id)
         return Result(APPLIED, DETAIL)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

@@ -2,7 +2,8 @@
 top of COMPATIBILITY.md (``ci/check-sglang-releases``). Tests fail when a committed page is not what this renders."""
 from __future__ import annotations
 
-from sglang_pcie.patching.register import REGISTER, Entry
+from sglang_pcie.patching import register
+from sglang_pcie.patching.register import Entry
 
 PATCHES_PAGE = "docs/patches.md"
 
@@ -10,7 +11,7 @@ PATCHES_PAGE = "docs/patches.md"
 def register_table() -> str:
     """One row per patch: what it does, the releases it covers, how it is switched on, when it can go."""
     lines = ["| patch | what | releases | switched on by | remove when |", "|---|---|---|---|---|"]
-    for e in REGISTER:
+    for e in register.REGISTER:
         switch = f"`{e.opt_in.variable}=1`" if e.opt_in else "default (off: `SGLANG_PCIE_DISABLE_PATCHES`)"
         lines.append(f"| `{e.id}` | {_cell(e.summary)} | {_range(e)} | {switch} | {_cell(e.remove_when)} |")
     return "\n".join(lines) + "\n"
@@ -21,7 +22,7 @@ def patches_page() -> str:
              "Generated from `sglang_pcie/patching/register.py` by `ci/generate-docs`; do not edit by hand. Each "
              "patch's own page (linked) explains it in depth; `sglang-pcie verify-patches --metadata` prints the "
              "same record.\n", register_table()]
-    for e in REGISTER:
+    for e in register.REGISTER:
         parts.append(_section(e))
     return "\n".join(parts)
 

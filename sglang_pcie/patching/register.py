@@ -1,14 +1,19 @@
-"""The patch register, as data: per patch id, where its code lives, the modules it patches, why it exists, the
-upstream work it relates to (with that work's state), when it can be removed, the releases it covers, and the one
-switch that gates it.
+"""The patch register, as data: per patch id, why it exists, the upstream work it relates to (with that work's
+state), when it can be removed, the releases it covers and how it is applied and checked; built on the runtime half
+(``sglang_pcie/runtime/patch_table.py``: where its code lives, its payload, the modules it patches, the one switch
+that gates it), whose fields each ``Entry`` gives as its own.
 
-This module imports nothing of sglang-pcie (and nothing else but ``dataclasses``): activation reads it in every
-SGLang process to register each wanted patch's hooks, and loads a patch's module only when one of its target
-modules is imported. docs/patches.md is generated from it (``ci/generate-docs``; a test fails when it is stale).
+This module imports nothing of sglang-pcie but that table (and nothing else but ``dataclasses``). Activation and
+the baked diffs' guard read only the table; tools, docs and the patches read this register. docs/patches.md is
+generated from it (``ci/generate-docs``; a test fails when it is stale).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sglang_pcie.runtime import patch_table
+from sglang_pcie.runtime.patch_table import (  # noqa: F401  (the runtime half, re-exported)
+    DISABLE_PATCHES_REASON, OptIn, disabled_reason)
 
 # The state of an upstream reference, as last checked (``checked`` on the entry).
 OPEN, MERGED, CLOSED, RELEASED, FIXED = "open", "merged", "closed without merging", "released", "closed as fixed"
@@ -27,23 +32,9 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class OptIn:
-    """The switch a patch needs before it is even registered."""
-    setting: str  # the Settings attribute that must be true
-    variable: str  # the environment variable behind it
-    off_reason: str  # verify-patches' detail while it is not given
-
-
-@dataclass(frozen=True)
 class Entry:
-    id: str
-    module: str  # the module defining PATCH
-    # "module:function" a baked diff's guard applies where the patch is on: ``function(original, *args)`` returns
-    # what replaces the decorated original (runtime/baked.py); the runtime install uses the same function.
-    payload: str
-    targets: tuple[str, ...]  # modules whose import applies the patch
+    id: str  # the id of its row in the runtime half (runtime/patch_table.py)
     releases: str  # covered releases, a version specifier naming the first and the last
-    opt_in: OptIn | None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
     summary: str
     why: str
     upstream: tuple[Reference, ...]
@@ -56,6 +47,27 @@ class Entry:
     # True where SGLang itself tolerates a target failing to import (its model registry skips such model modules):
     # ``verify-patches --runtime`` then notes the failure instead of reporting an error.
     targets_may_fail_to_import: bool = False
+
+    @property
+    def row(self) -> patch_table.Row:
+        """The runtime half of this entry: its row in ``runtime/patch_table.py``."""
+        return patch_table.row(self.id)
+
+    @property
+    def module(self) -> str:  # the module defining PATCH
+        return self.row.module
+
+    @property
+    def payload(self) -> str:  # "module:function" the runtime install and the baked guard apply
+        return self.row.payload
+
+    @property
+    def targets(self) -> tuple[str, ...]:  # modules whose import applies the patch
+        return self.row.targets
+
+    @property
+    def opt_in(self) -> OptIn | None:  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
+        return self.row.opt_in
 
     def upstream_text(self) -> str:
         return "; ".join([ref.text() for ref in self.upstream] + ([self.upstream_note] if self.upstream_note else []))
@@ -78,31 +90,12 @@ def covered_span() -> str:
     return f"{COVERED_RELEASES[0]}-{COVERED_RELEASES[-1]}"
 
 
-DISABLE_PATCHES_REASON = "listed in SGLANG_PCIE_DISABLE_PATCHES"
-
-
-def disabled_reason(entry: Entry, settings) -> str | None:
-    """The one gate of every patch: why it is not registered under ``settings``, or None when it is."""
-    if settings.disabled:
-        return "SGLANG_PCIE_DISABLE is set"
-    if entry.id in settings.disabled_patches:
-        return DISABLE_PATCHES_REASON
-    if entry.opt_in is not None and not getattr(settings, entry.opt_in.setting):
-        return entry.opt_in.off_reason
-    return None
-
-
 _SGLANG = "https://github.com/sgl-project/sglang"
 
 REGISTER = (
     Entry(
         id="sm120-allreduce-fusion",
-        module="sglang_pcie.patching.sm120_allreduce_fusion",
-        payload="sglang_pcie.runtime.baked:switched_on",
-        targets=("sglang.srt.layers.flashinfer_comm_fusion", "sglang.srt.layers.communicator",
-                 "sglang.srt.layers.layer_boundary.residual.add_norm"),
         releases=COVERED,
-        opt_in=OptIn("sm120_fusion", "SGLANG_PCIE_SM120_FUSION", "opt-in: set SGLANG_PCIE_SM120_FUSION=1"),
         summary=("FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in): the gate, the backend "
                  "resolver and the workspace preflight admit SM120 where it can run"),
         why=("On 8 x RTX PRO 6000 Blackwell (SM120) over PCIe the fusion is never used: the gate admits only SM90 "
@@ -136,12 +129,7 @@ REGISTER = (
     ),
     Entry(
         id="eagle3-profile",
-        module="sglang_pcie.patching.eagle3_profile",
-        payload="sglang_pcie.runtime.eagle_profiler:wrap",
-        targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
-                 "sglang.srt.speculative.spec_info"),
         releases=COVERED,
-        opt_in=OptIn("eagle3_profile", "EAGLE3_PROFILE", "EAGLE3_PROFILE is not set to 1"),
         summary="EAGLE3_PROFILE=1: per-phase timers (draft, verify, re-extend, cycle) for SGLang's EAGLE workers",
         why=("A per-phase breakdown of one speculative cycle (draft 0.89 ms, verify 18.67 ms, re-extend 0.28 ms) "
              "showed that verify communication, not drafter quality, was the bottleneck. SGLang has no such "
@@ -160,11 +148,7 @@ REGISTER = (
     ),
     Entry(
         id="drafter-delegation",
-        module="sglang_pcie.patching.drafter_delegation",
-        payload="sglang_pcie.runtime.drafter_delegation:wrap",
-        targets=("sglang.srt.model_executor.model_runner",),
         releases=COVERED,
-        opt_in=None,
         summary=("EAGLE-3 drafters on wrapper target models (Kimi-K2.5 on 0.5.9 and more): forward the EAGLE-3 "
                  "methods"),
         why=("EAGLE-3 asks the target model to capture auxiliary hidden states and to share its embedding and LM "
@@ -190,11 +174,7 @@ REGISTER = (
     ),
     Entry(
         id="accept-length-alarm",
-        module="sglang_pcie.patching.accept_length_alarm",
-        payload="sglang_pcie.runtime.accept_alarm:wrap",
-        targets=("sglang.srt.managers.tokenizer_manager",),
         releases=COVERED,
-        opt_in=None,
         summary=("EAGLE runs: one warning per server (and a Prometheus gauge) when the drafter's drafts are almost "
                  "never accepted, naming the likely causes and the check-drafter command"),
         why=("Speculative decoding is lossless, so a broken drafter (a wrong d2t map, wrong aux hidden-state layer "
@@ -210,20 +190,18 @@ REGISTER = (
                         "exists, reads the per-request verify and accepted-draft counters, and is called only for "
                         "finished requests"),
         runtime_method=("post-import hook on tokenizer_manager wraps TokenizerManager._calculate_spec_decoding_metrics "
-                        "(called once per finished request of a speculative run) with "
+                        "(called once per finished request of a speculative run; or the one component class the "
+                        "module imports that has it, where SGLang moved it) with "
                         "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
-        static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters, the counters "
-                       "it reads on recv_obj, every call of it (through self or the class) inside an "
-                       "`if ...finished:` branch; where it went when it is gone (the file and class now defining it, "
-                       "the files now calling it)"),
+        static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters (followed to the "
+                       "one component class tokenizer_manager imports, where it moved), the counters it reads on "
+                       "recv_obj, every call of it (through self, an attribute of self or the class) inside an "
+                       "`if ...finished:` branch; where it went when it is gone (the module and class now defining "
+                       "it, the files now calling it)"),
     ),
     Entry(
         id="node-agreement",
-        module="sglang_pcie.patching.node_agreement",
-        payload="sglang_pcie.runtime.agreement:wrap",
-        targets=("sglang.srt.distributed.parallel_state",),
         releases=COVERED,
-        opt_in=None,
         summary=("multi-node servers: every node's NCCL and all-reduce-path settings compared once at start, before "
                  "NCCL's first collective; differing nodes named (SGLANG_PCIE_STRICT=1: the start stops)"),
         why=("Each node's launcher makes its own NCCL decision from its own GPUs, tuned file and shell. NCCL ranks "
@@ -254,11 +232,7 @@ REGISTER = (
     ),
     Entry(
         id="draft-token-watch",
-        module="sglang_pcie.patching.draft_token_watch",
-        payload="sglang_pcie.runtime.draft_watch:wrap",
-        targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2"),
         releases=COVERED,
-        opt_in=None,
         summary=("EAGLE chain runs: one warning per server when target tokens the drafter proposes first are never "
                  "accepted (a partly wrong vocabulary map), naming them and the check-drafter command"),
         why=("A drafter with 10% of its d2t permuted within its hot set served identical text at accept length 2.51 "

@@ -24,10 +24,11 @@ def probe() -> dict:
     import sglang
 
     from sglang_pcie.patching.engine import all_patches
-    from sglang_pcie.runtime.activate import RESULTS, SWITCHED_OFF, activate
-    from sglang_pcie.runtime.settings import for_process
+    from sglang_pcie.runtime import activate as activation
 
-    active = activate()  # no-op when the start-up hook already activated the overlay
+    active = activation.activate()  # no-op when the start-up hook already activated the overlay
+    RESULTS, SWITCHED_OFF = activation.RESULTS, activation.SWITCHED_OFF
+    settings = activation.SETTINGS  # those the patches were gated and applied with
     rows = []
     for patch in all_patches():
         modules, errors = {}, []
@@ -49,7 +50,7 @@ def probe() -> dict:
             result = Result(ERROR, "; ".join(errors))
         else:
             try:
-                result = patch.check_runtime(modules, for_process())
+                result = patch.check_runtime(modules, settings)
             except Exception as exc:
                 result = Result(ERROR, f"runtime check failed: {type(exc).__name__}: {exc}")
             if errors:

@@ -8,9 +8,9 @@ The figures are SGLang's own per-request accounting: each finished request carri
 (``spec_verify_ct``) and its accepted draft tokens (``spec_accepted_tokens`` 0.5.8-0.5.10.post1,
 ``spec_accepted_drafts`` 0.5.11, ``spec_num_correct_drafts`` 0.5.12+), the per-request parts of the scheduler's
 ``accept len:`` log line (accept length = 1 + accepted drafts / request-verifies).  ``wrap`` puts the watch around
-``TokenizerManager._calculate_spec_decoding_metrics``, which SGLang calls once per finished request of a
-speculative run in the one process that serves the HTTP API: at most one warning per server, no TP rank to pick,
-nothing per decode step.
+``TokenizerManager._calculate_spec_decoding_metrics`` (or the component class SGLang moves it to), which SGLang
+calls once per finished request of a speculative run in the one process that serves the HTTP API: at most one
+warning per server, no TP rank to pick, nothing per decode step.
 
 The rule (numbers and why: docs/accept-length-alarm.md): once ``MIN_REQUESTS`` requests with ``MIN_VERIFIES``
 request-verifies between them have finished, an accept length below ``ALARM_BELOW`` (fewer than one accepted draft
@@ -26,6 +26,8 @@ from __future__ import annotations
 import functools
 import logging
 import shlex
+import sys
+import types
 
 from sglang_pcie.runtime.results import mark
 
@@ -47,8 +49,8 @@ WORKING_FIRST_DRAFT = 0.3  # first-draft acceptance of the poorest drafters that
 WATCHING, ALARMED, DONE, OFF = "watching", "alarmed", "done", "off"
 
 
-def wrap(function):
-    """``function`` (SGLang's per-finished-request spec metrics) followed by the watch."""
+def wrap(function, settings=None):
+    """``function`` (SGLang's per-finished-request spec metrics) followed by the watch (which reads no setting)."""
     @functools.wraps(function)
     def spec_decoding_metrics_watched(self, meta_info, recv_obj, i, *args, **kwargs):
         result = function(self, meta_info, recv_obj, i, *args, **kwargs)
@@ -120,7 +122,7 @@ class AcceptWatch:
 
     def _bind(self, manager, recv_obj, module_name) -> bool:
         self.logger = logging.getLogger(module_name)
-        server_args = getattr(manager, "server_args", None)
+        server_args = server_args_of(manager)
         self.server = describe_server(server_args)
         if self.server["algorithm"] not in WATCHED_ALGORITHMS:
             self.state = OFF  # NGRAM, STANDALONE: no drafter model of the kind this alarm knows
@@ -133,8 +135,9 @@ class AcceptWatch:
             return False
         from sglang_pcie.runtime.eagle_profiler import metrics_enabled, model_name
 
-        if metrics_enabled(manager):
-            self.metrics = PrometheusExport.create(model_name(manager), self.logger)
+        holder = types.SimpleNamespace(server_args=server_args)
+        if metrics_enabled(holder):
+            self.metrics = PrometheusExport.create(model_name(holder), self.logger)
         return True
 
     def _judge(self) -> None:
@@ -196,6 +199,20 @@ CAUSES = {
         "this workload is one no drafter can predict (random token ids, high temperature)",
     ),
 }
+
+
+def server_args_of(owner):
+    """SGLang's ServerArgs for the hook's ``self``: TokenizerManager's ``server_args``; where the hook moved to a
+    component class that does not hold them, SGLang's process-wide record (``runtime_context.get_server_args()``,
+    0.5.18 and later, if SGLang loaded it); None where neither is there."""
+    server_args = getattr(owner, "server_args", None)
+    context = sys.modules.get("sglang.srt.runtime_context")
+    if server_args is None and callable(getattr(context, "get_server_args", None)):
+        try:
+            server_args = context.get_server_args()
+        except Exception:  # not published in this process
+            return None
+    return server_args
 
 
 def describe_server(server_args) -> dict:

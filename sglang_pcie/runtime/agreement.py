@@ -7,9 +7,10 @@ on protocol or algorithm can hang at some sizes (NVIDIA/nccl#1136), and NCCL's m
 be set consistently on every rank (nccl#626).
 
 The payload of the ``node-agreement`` patch (``sglang_pcie.patching.node_agreement``): ``wrap`` is installed over
-SGLang's ``parallel_state.init_distributed_environment`` at import, ``agreeing`` is the decorator the versioned
-diffs put on it. After the first call returns, ``check_once`` runs, and only where the launch spans nodes
-(``SGLANG_PCIE_NNODES`` above 1, or a world larger than this node's GPUs); a one-node server inherits one
+SGLang's ``parallel_state.init_distributed_environment`` at import, and by the versioned diffs' guard
+(``runtime/baked.py``), each handing it the settings the patch was gated with; ``agreeing`` is the decorator diffs
+baked by older versions put on it. After the first call returns, ``check_once`` runs, and only where the launch
+spans nodes (``SGLANG_PCIE_NNODES`` above 1, or a world larger than this node's GPUs); a one-node server inherits one
 environment in every rank and is left alone (nothing gathered).
 
 The settings travel through the store of torch's default process group (the TCP store every rank reached at
@@ -462,15 +463,14 @@ def local_gpu_count(environ: Mapping[str, str]) -> int | None:
         return None
 
 
-def check_once(environ: Mapping[str, str] | None = None) -> Verdict | None:
-    """The comparison, the first time SGLang's world group is set up in this process; None where it did not run."""
+def check_once(environ: Mapping[str, str] | None = None, settings=None) -> Verdict | None:
+    """The comparison, the first time SGLang's world group is set up in this process; None where it did not run.
+    ``settings``: those the patch was gated with (``SGLANG_PCIE_STRICT``); None (a direct call): the process's."""
     global _checked
     if _checked:
         return None
     _checked = True
     import torch.distributed as dist
-
-    from sglang_pcie.runtime.settings import for_process
 
     env = os.environ if environ is None else environ
     if not dist.is_initialized() or dist.get_world_size() < 2:
@@ -478,7 +478,11 @@ def check_once(environ: Mapping[str, str] | None = None) -> Verdict | None:
     world_size = dist.get_world_size()
     if spans_nodes(world_size, env, local_gpu_count(env)) is None:
         return None
-    strict = for_process().strict
+    if settings is None:
+        from sglang_pcie.runtime.settings import for_process
+
+        settings = for_process()
+    strict = settings.strict
     try:
         return agree(dist.distributed_c10d._get_default_store(), dist.get_rank(), world_size, env, strict)
     except StrictModeError:
@@ -502,23 +506,21 @@ def runtime_problem() -> str | None:
     return None
 
 
-def wrap(init_distributed_environment: Callable) -> Callable:
-    """SGLang's init_distributed_environment, followed (the first time) by the comparison."""
+def wrap(init_distributed_environment: Callable, settings=None) -> Callable:
+    """SGLang's init_distributed_environment, followed (the first time) by the comparison, under ``settings`` (those
+    the patch was gated with; None: the process's)."""
     @functools.wraps(init_distributed_environment)
     def init_distributed_environment_then_agree(*args, **kwargs):
         result = init_distributed_environment(*args, **kwargs)
         if not kwargs.get("recovered_rank"):  # an elastic-EP joiner: the others compared at their own start
-            check_once()
+            check_once(settings=settings)
         return result
     return mark(init_distributed_environment_then_agree, PATCH_ID)
 
 
 def agreeing(init_distributed_environment: Callable) -> Callable:
-    """The decorator the versioned diffs put on init_distributed_environment: ``wrap`` unless the patch is
-    switched off (the register's gate, as at activation)."""
-    from sglang_pcie.patching import register
-    from sglang_pcie.runtime.settings import for_process
+    """The decorator diffs baked by older versions put on init_distributed_environment: what the one guard of the
+    baked diffs gives (``wrap`` unless the patch is switched off: the gate activation asks)."""
+    from sglang_pcie.runtime import baked
 
-    if register.disabled_reason(register.entry(PATCH_ID), for_process()) is not None:
-        return init_distributed_environment
-    return wrap(init_distributed_environment)
+    return baked.guarded(PATCH_ID, init_distributed_environment)

@@ -3,13 +3,14 @@
 Each diff binds, once per module it touches, ``_sglang_pcie_<id> = guard("<id>")`` (the lines
 ``patching/baked.py`` generates, the same for every patch) and decorates what it changes with
 ``@_sglang_pcie_<id>(*args)``.  Where the runtime's gate lets the patch act in this process
-(``SGLANG_PCIE_DISABLE``, ``SGLANG_PCIE_DISABLE_PATCHES``, the patch's opt-in: ``register.disabled_reason``, the
-function activation asks), the decorated object is replaced by the patch's payload (``payload`` in the register,
-the very function its runtime install applies); otherwise it stays SGLang's own.  Without sglang-pcie installed,
-the diff's ``except ImportError`` branch defines the same names as the identity.
+(``SGLANG_PCIE_DISABLE``, ``SGLANG_PCIE_DISABLE_PATCHES``, the patch's opt-in: ``patch_table.disabled_reason``,
+the function activation asks), the decorated object is replaced by the patch's payload (``payload`` in the patch
+table, the very function its runtime install applies, called alike: ``payload(original, *args, settings=...)``);
+otherwise it stays SGLang's own.  Without sglang-pcie installed, the diff's ``except ImportError`` branch defines
+the same names as the identity.
 
 Decided when the decorated module is imported, from the process's settings (read once per process), as
-activation decides whether to register a patch's hooks.
+activation decides whether to register a patch's hooks; the payload gets the settings the gate was asked with.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import importlib
 import sys
 from typing import Callable
 
-from sglang_pcie.patching import register
+from sglang_pcie.runtime import patch_table
 from sglang_pcie.runtime.results import mark
 
 
@@ -35,23 +36,24 @@ def guarded(patch_id: str, original, args: tuple = ()):
     try:
         from sglang_pcie.runtime.settings import for_process
 
-        entry = register.entry(patch_id)
-        if register.disabled_reason(entry, for_process()) is not None:
+        row = patch_table.row(patch_id)
+        settings = for_process()
+        if patch_table.disabled_reason(row, settings) is not None:
             return original
-        return mark(payload_of(entry)(original, *args), patch_id)
+        return mark(payload_of(row)(original, *args, settings=settings), patch_id)
     except Exception as exc:  # a baked diff never breaks SGLang's import: SGLang's own code, said once here
         sys.stderr.write(f"sglang-pcie: {patch_id} left {getattr(original, '__qualname__', original)!s} as "
                          f"SGLang ships it: {type(exc).__name__}: {exc}\n")
         return original
 
 
-def payload_of(entry: register.Entry) -> Callable:
-    """The function the register names as the patch's payload (imported here, only where the patch is on)."""
-    module, _, name = entry.payload.partition(":")
+def payload_of(row: patch_table.Row) -> Callable:
+    """The function the patch table names as the patch's payload (imported here, only where the patch is on)."""
+    module, _, name = row.payload.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-def switched_on(original: Callable) -> Callable:
+def switched_on(original: Callable, settings=None) -> Callable:
     """The payload of a diff that only asks whether its patch is on (sm120-allreduce-fusion's
     ``_sglang_pcie_sm120_opted_in``, whose own body answers False): an answer of True."""
     def opted_in():

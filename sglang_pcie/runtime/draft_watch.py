@@ -60,8 +60,9 @@ V1_FIELDS = ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu", "nu
 WATCHING, WARNED, OFF = "watching", "warned", "off"
 
 
-def wrap(function, kind: str = "v2"):
-    """``function`` (an EAGLE worker's ``verify``; ``kind`` v1 or v2: what it returns) followed by the watch."""
+def wrap(function, kind: str = "v2", settings=None):
+    """``function`` (an EAGLE worker's ``verify``; ``kind`` v1 or v2: what it returns) followed by the watch (which
+    reads no setting)."""
     @functools.wraps(function)
     def verify_watched(self, batch, *args, **kwargs):
         watch = _WATCH or get_watch()

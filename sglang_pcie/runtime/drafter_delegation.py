@@ -22,8 +22,9 @@ CAPABLE = ("set_eagle3_layers_to_capture", "get_embed_and_head")
 METHODS = CAPABLE + ("set_embed_and_head", "get_embed_and_head_for_draft")
 
 
-def wrap(load_model):
-    """``load_model`` (ModelRunner's), then the delegation where the loaded target class needs it."""
+def wrap(load_model, settings=None):
+    """``load_model`` (ModelRunner's), then the delegation where the loaded target class needs it (it reads no
+    setting)."""
     runner_module = load_model.__module__  # whose ``logger`` says what was added (read when it is said)
 
     @functools.wraps(load_model)

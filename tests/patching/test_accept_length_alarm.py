@@ -97,26 +97,91 @@ def test_a_call_through_the_class_counts_as_a_call(pristine_source, tmp_path):
     assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
 
 
-def test_a_hook_moved_into_a_component_class_is_named_where_it_went(pristine_source, tmp_path):
-    """A simulated split of TokenizerManager (as SGLang's scheduler and model runner were split into component
-    classes): the hook's method moves to a component class in its own module, called through an attribute."""
-    tree = _copy_target(pristine_source("0.5.23"), tmp_path)
+COMPONENT_MODULE = "sglang.srt.managers.tokenizer_components.spec_metrics"
+COMPONENT = "SpecDecodingMetrics"
+COMPONENT_HOOK = f"{COMPONENT_MODULE}.{COMPONENT}.{HOOK}"
+
+
+def _split_into_component(root: Path, imported: bool = True, call: str = f"self.spec_metrics.{HOOK}(") -> Path:
+    """A simulated split of TokenizerManager into a component class (as SGLang split its scheduler and model runner
+    in 0.5.23): the hook's method moves to ``SpecDecodingMetrics`` in a module of its own, which the manager's module
+    imports (``imported``) and calls through an attribute (``call``). Returns the component's file."""
+    tree = SourceTree(root)
     path = tree.path(MODULE)
     text = path.read_text()
     method = tree.method(MODULE, CLASS, HOOK)[2]
     lines = text.splitlines(keepends=True)
     first = min([method.lineno] + [d.lineno for d in method.decorator_list])
     body = "".join(lines[first - 1:method.end_lineno])
-    component = tmp_path / "sglang/srt/managers/tokenizer_components/spec_metrics.py"
+    component = root / (COMPONENT_MODULE.replace(".", "/") + ".py")
     component.parent.mkdir(parents=True)
-    component.write_text("from typing import Any, Dict\n\n\nclass SpecDecodingMetrics:\n" + body)
+    component.write_text(f"from __future__ import annotations\n\nfrom typing import Any, Dict\n\n\nclass {COMPONENT}:\n"
+                         + body)
     moved = "".join(lines[:first - 1] + lines[method.end_lineno:])
-    path.write_text(moved.replace(f"self.{HOOK}(meta_info, recv_obj, i)",
-                                  f"self.spec_metrics.{HOOK}(meta_info, recv_obj, i)"))
+    assert moved.count(f"self.{HOOK}(meta_info, recv_obj, i)") == 1
+    moved = moved.replace(f"self.{HOOK}(meta_info, recv_obj, i)", f"{call}meta_info, recv_obj, i)")
+    if imported:
+        moved = moved.replace(f"\nclass {CLASS}", f"\nfrom {COMPONENT_MODULE} import {COMPONENT}\n\n\nclass {CLASS}", 1)
+    path.write_text(moved)
+    return component
+
+
+def test_a_hook_moved_into_a_component_class_is_followed(pristine_source, tmp_path):
+    """The static check finds the hook on the component class the manager's module imports, and the diff decorates
+    it there (the manager's module untouched)."""
+    _copy_target(pristine_source("0.5.23"), tmp_path)
+    component = _split_into_component(tmp_path)
+    tree = SourceTree(tmp_path)
+    assert PATCH.check_source(tree) == Result(APPLICABLE, (
+        f"watches {COMPONENT_MODULE}.{COMPONENT}.{HOOK} (moved from {CLASS} to a component class; once per finished "
+        "request; reads spec_verify_ct, spec_num_correct_drafts)"))
+    rewritten = PATCH.rewrite(tree)
+    assert list(rewritten) == [COMPONENT_MODULE]
+    compile(rewritten[COMPONENT_MODULE], str(component), "exec", dont_inherit=True)
+    lines = rewritten[COMPONENT_MODULE].splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith(f"    def {HOOK}("))
+    assert lines[at - 1] == "    @_sglang_pcie_accept_length_alarm()  # sglang-pcie: accept-length-alarm"
+    component.write_text(rewritten[COMPONENT_MODULE])
+    assert PATCH.check_source(SourceTree(tmp_path)) == Result(APPLIED, "source carries the sglang-pcie diff")
+
+
+@pytest.mark.parametrize("call", [f"{COMPONENT}.{HOOK}(self.spec_metrics, ", f"self.components.spec.{HOOK}("])
+def test_a_call_through_the_component_class_or_an_attribute_path_counts_as_a_call(pristine_source, tmp_path, call):
+    _copy_target(pristine_source("0.5.23"), tmp_path)
+    _split_into_component(tmp_path, call=call)
+    assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
+
+
+def test_a_component_hook_called_for_every_chunk_is_drifted(pristine_source, tmp_path):
+    _copy_target(pristine_source("0.5.23"), tmp_path)
+    _split_into_component(tmp_path)
+    path = SourceTree(tmp_path).path(MODULE)
+    text = path.read_text()
+    path.write_text(text + f"\n\ndef every_chunk(self, meta_info, recv_obj, i):\n"
+                           f"    self.spec_metrics.{HOOK}(meta_info, recv_obj, i)\n")
     result = PATCH.check_source(SourceTree(tmp_path))
-    assert result.status == DRIFTED
-    assert (f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?); {HOOK} is now defined in "
-            "sglang/srt/managers/tokenizer_components/spec_metrics.py (SpecDecodingMetrics)") in result.detail
+    assert result.status == DRIFTED and f"{HOOK} is called outside the finished-request branch (line " in result.detail
+
+
+def test_a_hook_moved_to_a_class_the_manager_does_not_import_is_named_where_it_went(pristine_source, tmp_path):
+    _copy_target(pristine_source("0.5.23"), tmp_path)
+    _split_into_component(tmp_path, imported=False)
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, (
+        f"{CLASS}.{HOOK} missing (SGLang's per-request speculative metrics moved?); moved to {COMPONENT_HOOK}, which "
+        f"{MODULE} does not import (the runtime hook cannot follow it there)"))
+
+
+def test_a_hook_on_two_component_classes_names_both(pristine_source, tmp_path):
+    _copy_target(pristine_source("0.5.23"), tmp_path)
+    component = _split_into_component(tmp_path)
+    component.write_text(component.read_text() + f"\n\nclass Other{COMPONENT}({COMPONENT}):\n    pass\n")
+    path = SourceTree(tmp_path).path(MODULE)
+    path.write_text(path.read_text().replace(f"import {COMPONENT}\n", f"import {COMPONENT}, Other{COMPONENT}\n", 1))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, (
+        f"{CLASS}.{HOOK} missing; moved to more than one class {MODULE} uses: {COMPONENT_HOOK}, "
+        f"{COMPONENT_MODULE}.Other{COMPONENT}.{HOOK} (which one runs per finished request is not known)"))
 
 
 def test_a_release_without_the_module_is_drifted_naming_where_the_class_went(pristine_source, tmp_path):
@@ -191,6 +256,69 @@ def test_check_runtime_says_disabled_or_not_watched():
         Result(DISABLED, "listed in SGLANG_PCIE_DISABLE_PATCHES")
     assert PATCH.check_runtime({MODULE: _module(OWN)}, load_settings({})) == \
         Result(DRIFTED, f"{CLASS}.{HOOK} is not watched in this process")
+
+
+class Recording:
+    """A watch that records what the wrapper hands it."""
+    state = aa.WATCHING
+
+    def __init__(self):
+        self.added = []
+
+    def add(self, owner, recv_obj, i, module_name):
+        self.added.append((type(owner).__name__, i, module_name))
+
+
+def _split_modules():
+    """Stand-in modules of a split: the component class in its own module, imported by the manager's module."""
+    component = types.ModuleType(COMPONENT_MODULE)
+    exec(f"class {COMPONENT}:\n    def {HOOK}(self, meta_info, recv_obj, i):\n        return 'component'\n",
+         component.__dict__)
+    manager = types.ModuleType(MODULE)
+    manager.__dict__[COMPONENT] = component.__dict__[COMPONENT]
+    exec(f"class {CLASS}:\n    def __init__(self):\n        self.spec_metrics = {COMPONENT}()\n"
+         f"    def finished(self, i):\n        return self.spec_metrics.{HOOK}({{}}, None, i)\n", manager.__dict__)
+    return manager, component.__dict__[COMPONENT]
+
+
+def test_install_follows_the_hook_to_the_component_class():
+    manager, component = _split_modules()
+    original = component.__dict__[HOOK]
+    assert PATCH.install(manager, None) == Result(APPLIED, f"watching {COMPONENT_HOOK}")
+    assert is_patched(component.__dict__[HOOK], PATCH.id) and component.__dict__[HOOK].__wrapped__ is original
+    assert HOOK not in vars(getattr(manager, CLASS))
+    assert PATCH.check_runtime({MODULE: manager}, load_settings({})) == Result(APPLIED, (
+        f"watching {COMPONENT_HOOK} (one warning per server when EAGLE drafts are almost never accepted)"))
+    watch = Recording()
+    aa.set_watch(watch)
+    try:  # through an attribute of the manager, and through the class: both are the watched call
+        assert getattr(manager, CLASS)().finished(3) == "component"
+        assert component._calculate_spec_decoding_metrics(component(), {}, None, 4) == "component"
+    finally:
+        aa.set_watch(None)
+    assert watch.added == [(COMPONENT, 3, COMPONENT_MODULE), (COMPONENT, 4, COMPONENT_MODULE)]
+
+
+def test_a_call_through_tokenizer_managers_class_is_watched_at_runtime():
+    module = _module(OWN)
+    PATCH.install(module, None)
+    watch = Recording()
+    aa.set_watch(watch)
+    try:
+        cls = getattr(module, CLASS)
+        assert cls._calculate_spec_decoding_metrics(cls(), {}, None, 2) == "own"
+    finally:
+        aa.set_watch(None)
+    assert watch.added == [(CLASS, 2, MODULE)]
+
+
+def test_install_refuses_a_hook_on_two_component_classes():
+    manager, component = _split_modules()
+    manager.__dict__["Other"] = type("Other", (component,), {})
+    with pytest.raises(Drift, match="moved to more than one class"):
+        PATCH.install(manager, None)
+    assert not is_patched(component.__dict__[HOOK], PATCH.id)
+    assert PATCH.check_runtime({MODULE: manager}, load_settings({})).status == DRIFTED
 
 
 # -------------------------------------------------------------------- runtime: the real SGLang releases

@@ -78,3 +78,16 @@ def test_a_module_without_source_is_not_taken_for_baked(sglang_version):
     patch = Recording()
     patch.apply(types.ModuleType("no_source"), None)
     assert patch.installed == ["no_source"]
+
+
+def test_the_install_hands_its_settings_to_the_registers_payload(monkeypatch):
+    """``Patch.wrapper``: the payload the register names, called as the baked guard calls it, with the settings the
+    install was handed."""
+    from sglang_pcie.runtime import drafter_delegation
+    from sglang_pcie.runtime.settings import load_settings
+
+    calls = []
+    monkeypatch.setattr(drafter_delegation, "wrap", lambda original, *args, settings: calls.append(
+        (original, args, settings)) or "wrapped")
+    settings = load_settings({})
+    assert Recording().wrapper(settings, "extra")(len) == "wrapped" and calls == [(len, ("extra",), settings)]

@@ -267,3 +267,29 @@ def test_the_diffs_decorator_leaves_sglangs_method_when_the_settings_cannot_be_r
     monkeypatch.setattr(settings, "for_process", unreadable)
     function = Manager._calculate_spec_decoding_metrics
     assert baked.guard(aa.PATCH_ID)()(function) is function
+
+
+def test_a_component_without_server_args_reads_sglangs_process_wide_record(monkeypatch, caplog_module):
+    """Where SGLang moves the hook to a component class that does not hold the ServerArgs, the watch reads them
+    from SGLang's runtime context (0.5.18+) instead of turning off."""
+    import sys
+    import types
+
+    component = ns()  # no server_args of its own
+    assert aa.server_args_of(component) is None
+    context = types.ModuleType("sglang.srt.runtime_context")
+    context.get_server_args = lambda: server_args()
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", context)
+    assert aa.server_args_of(component).model_path == "/models/target"
+    watch = aa.AcceptWatch()
+    feed(watch, component, [(40, 0)] * 8)
+    assert watch.state == aa.ALARMED and len(warnings(caplog_module)) == 1
+
+    def unpublished():
+        raise ValueError("server args not published")
+
+    context.get_server_args = unpublished
+    assert aa.server_args_of(component) is None
+    watch = aa.AcceptWatch()
+    feed(watch, component, [(40, 0)])
+    assert watch.state == aa.OFF  # no EAGLE run it can tell: off, as without SGLang's server args

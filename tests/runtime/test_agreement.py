@@ -605,7 +605,7 @@ def test_the_runtime_problem_names_a_torch_without_the_default_store(fake_torch,
 
 def test_an_elastic_joiner_does_not_compare(monkeypatch):
     ran = []
-    monkeypatch.setattr(agreement, "check_once", lambda: ran.append(1))
+    monkeypatch.setattr(agreement, "check_once", lambda settings: ran.append(1))
     init = agreement.wrap(lambda *a, **k: "done")
     assert init(recovered_rank=True) == "done" and ran == []
     assert init() == "done" and init(recovered_rank=False) == "done" and ran == [1, 1]
@@ -684,3 +684,20 @@ def test_a_fresh_process_has_not_compared_yet(monkeypatch):
     monkeypatch.setitem(sys.modules, "agreement_fresh", fresh)  # dataclasses look their module up there
     spec.loader.exec_module(fresh)
     assert fresh._checked is False
+
+
+def test_the_wrapper_compares_under_the_settings_it_was_handed(fake_torch, monkeypatch):
+    """The settings the patch was gated with (handed by the install or the baked guard), not a second read."""
+    from sglang_pcie.runtime.results import StrictModeError
+    from sglang_pcie.runtime.settings import load_settings
+
+    dist, calls = fake_torch
+    dist.initialized, dist.world, dist.rank = True, 2, 1
+    monkeypatch.setenv("SGLANG_PCIE_NNODES", "2")
+    monkeypatch.setenv("SGLANG_PCIE_STRICT", "0")  # the process's own settings say otherwise
+    init = agreement.wrap(lambda *a, **k: "done", settings=load_settings({"SGLANG_PCIE_STRICT": "1"}))
+    assert init() == "done" and calls == [("store", 1, 2, True)]
+    monkeypatch.setattr(agreement, "_checked", False)
+    monkeypatch.setattr(agreement, "agree", lambda *args: (_ for _ in ()).throw(OSError("store gone")))
+    with pytest.raises(StrictModeError, match="SGLANG_PCIE_STRICT=1 and"):
+        init()

@@ -6,21 +6,22 @@ and 0.5.23 with every diff applied (``apply_release_diffs`` on a copy of the ins
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from sglang_pcie.patching import baked as lines, register
+from sglang_pcie.patching import baked as lines
 from sglang_pcie.patching.diff_apply import apply_release_diffs
 from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.runtime import baked
+from sglang_pcie.runtime import baked, patch_table
 from sglang_pcie.runtime.results import is_patched
 from sglang_pcie.runtime.settings import load_settings
 
-OPT_INS = {entry.opt_in.variable: "1" for entry in register.REGISTER if entry.opt_in}
-ALL_IDS = register.ids()
+OPT_INS = {entry.opt_in.variable: "1" for entry in patch_table.TABLE if entry.opt_in}
+ALL_IDS = patch_table.ids()
 
 
 def original(x):
@@ -28,8 +29,8 @@ def original(x):
 
 
 def test_the_guard_applies_the_registers_payload_only_where_the_gate_lets_it(monkeypatch):
-    monkeypatch.setattr(baked, "payload_of", lambda entry: lambda function, *args: lambda: (entry.id, args))
-    for entry in register.REGISTER:
+    monkeypatch.setattr(baked, "payload_of", lambda row: lambda function, *args, settings: lambda: (row.id, args))
+    for entry in patch_table.TABLE:
         monkeypatch.setattr("sglang_pcie.runtime.settings._PROCESS_SETTINGS", None)
         for name in ("SGLANG_PCIE_DISABLE", "SGLANG_PCIE_DISABLE_PATCHES", *OPT_INS):
             monkeypatch.delenv(name, raising=False)
@@ -48,10 +49,20 @@ def test_every_switch_leaves_sglangs_own_function(monkeypatch, env):
     assert all(baked.guard(patch_id)()(original) is original for patch_id in ALL_IDS)
 
 
+def test_the_payload_gets_the_settings_the_gate_was_asked_with(monkeypatch):
+    handed = []
+    monkeypatch.setattr(baked, "payload_of", lambda row: lambda function, *args, settings: handed.append(settings))
+    monkeypatch.setattr("sglang_pcie.runtime.settings._PROCESS_SETTINGS", None)
+    from sglang_pcie.runtime.settings import for_process
+
+    baked.guarded("node-agreement", original)
+    assert handed == [for_process()]
+
+
 def test_a_payload_that_fails_leaves_sglangs_function_and_says_so(monkeypatch, capsys):
-    entry = register.entry("node-agreement")
-    monkeypatch.setattr(register, "entry", lambda patch_id: type(entry)(**{**vars(entry), "payload": "nowhere:x"}))
-    assert baked.guard(entry.id)()(original) is original
+    row = dataclasses.replace(patch_table.row("node-agreement"), payload="nowhere:x")
+    monkeypatch.setattr(patch_table, "row", lambda patch_id: row)
+    assert baked.guard(row.id)()(original) is original
     assert capsys.readouterr().err.startswith("sglang-pcie: node-agreement left original as SGLang ships it: ")
 
 
@@ -140,7 +151,7 @@ def test_baked_diffs_obey_every_switch(sglang_env, tmp_path, version):
                                      env={**variables, "PYTHONPATH": str(folder)})
         assert report["sglang"].startswith(str(folder)), report["sglang"]  # the baked copy, not the install
         settings = load_settings(variables)
-        expected = {e.id: installed and register.disabled_reason(e, settings) is None for e in register.REGISTER}
+        expected = {e.id: installed and patch_table.disabled_reason(e, settings) is None for e in patch_table.TABLE}
         matrix[case] = report["acting"]
         assert report["acting"] == expected, case
         if not installed:

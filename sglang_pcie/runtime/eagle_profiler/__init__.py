@@ -4,8 +4,9 @@ One decode cycle of an EAGLE worker is: draft (the draft model proposes tokens),
 them and the acceptance rule keeps a prefix), draft re-extend (the draft model catches up on the accepted tokens).
 ``wrap(function, phase)`` times a worker method as one of those phases ("cycle" for the whole
 ``forward_batch_generation``); the runtime patch (``sglang_pcie.patching.eagle3_profile``) and the versioned diffs
-(through ``profile_phase``) both install exactly these wrappers.  This module holds those hooks and the process's
-profiler; the rest of the package:
+(through their guard, ``runtime/baked.py``; ``profile_phase`` for diffs baked by older versions) both install
+exactly these wrappers, handing down the settings the patch was gated with.  This module holds those hooks and the
+process's profiler; the rest of the package:
 
 * ``profiler``: the Profiler (counts every cycle, times a sample, reads the timers, closes and reports intervals);
 * ``clocks``: CUDA events on the current stream, or the host clock;
@@ -107,30 +108,26 @@ PATCH_ID = "eagle3-profile"
 
 def disabled_reason(settings) -> str | None:
     """Why profiling is off under ``settings`` (a ``sglang_pcie.runtime.settings.Settings``), or None when it is on:
-    the register's gate of the eagle3-profile patch, which the diffs' decorator asks too."""
-    from sglang_pcie.patching import register
+    the gate of the eagle3-profile patch, which the diffs' guard asks too."""
+    from sglang_pcie.runtime import patch_table
 
-    return register.disabled_reason(register.entry(PATCH_ID), settings)
+    return patch_table.disabled_reason(patch_table.row(PATCH_ID), settings)
 
 
 def profile_phase(phase: str):
-    """Decorator the versioned diffs put on the worker methods: ``wrap`` when profiling is on, else identity."""
-    from sglang_pcie.runtime.settings import for_process
+    """Decorator diffs baked by older versions put on the worker methods: what the one guard of the baked diffs
+    gives (``wrap`` when profiling is on, else the method itself)."""
+    from sglang_pcie.runtime import baked
 
-    if disabled_reason(for_process()) is not None:
-        return _identity
-    return functools.partial(wrap, phase=phase)
-
-
-def _identity(function):
-    return function
+    return lambda function: baked.guarded(PATCH_ID, function, (phase,))
 
 
 # --------------------------------------------------------------------------------------------- the wrappers
 
 
-def wrap(function, phase: str):
-    """``function`` (a worker method) timed as ``phase`` ("cycle" or one of ``PHASES``).
+def wrap(function, phase: str, settings=None):
+    """``function`` (a worker method) timed as ``phase`` ("cycle" or one of ``PHASES``); the process's profiler, made
+    at the first cycle, from ``settings`` (those the patch was gated with; None: the process's).
 
     The wrappers take ``*args`` whole (the worker first) and hand them on unchanged: one frame and no tuple built
     per call.  What they cost outside the profiler's own timed spans (their frames, the checks below, handing the
@@ -138,7 +135,7 @@ def wrap(function, phase: str):
     if phase == CYCLE:
         @functools.wraps(function)
         def timed_cycle(*args, **kwargs):
-            profiler = _PROFILER or get_profiler()
+            profiler = _PROFILER or get_profiler(settings)
             token = profiler.begin_cycle(function, args, kwargs) if profiler.active else None
             if token is None:
                 return function(*args, **kwargs)
@@ -221,13 +218,15 @@ def calibrate(profiler: "Profiler") -> None:
 _PROFILER: "Profiler | None" = None  # one per process: SGLang runs one EAGLE worker per scheduler process
 
 
-def get_profiler() -> "Profiler":
-    """The process's profiler, made from the environment at the first cycle; it flushes at exit."""
+def get_profiler(settings=None) -> "Profiler":
+    """The process's profiler, made at the first cycle from ``settings`` (``EAGLE3_PROFILE_INTERVAL``,
+    ``..._BASELINE_MS``, ``..._FILE``; None: the process's); it flushes at exit."""
     global _PROFILER
     if _PROFILER is None:
-        from sglang_pcie.runtime.settings import for_process
+        if settings is None:
+            from sglang_pcie.runtime.settings import for_process
 
-        settings = for_process()
+            settings = for_process()
         _PROFILER = Profiler(interval=settings.eagle3_profile_interval,
                              baseline_ms=settings.eagle3_profile_baseline_ms,
                              path=settings.eagle3_profile_file, exit_flush=True)

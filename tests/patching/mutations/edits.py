@@ -103,3 +103,26 @@ def rename_module(root: Path, module: str, to: str) -> None:
         source = path.read_text(encoding="utf-8")
         if module in source:
             write_text(path, source.replace(module, to))
+
+
+def move_method_to_component(root: Path, file: str, cls: str, method: str, component: str, component_file: str,
+                             attribute: str) -> None:
+    """Move method ``method`` of class ``cls`` into a new component class ``component`` in ``component_file``, which
+    ``file`` imports; the calls ``self.<method>(`` in ``file`` become ``self.<attribute>.<method>(`` (as SGLang
+    split its scheduler into component classes, held by the scheduler as attributes)."""
+    path = root / file
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    cls_node = _top_level(tree, cls)
+    first, last = _span(_method(tree, cls, method))
+    body = "".join(lines[first:last])
+    del lines[first:last]
+    start = min([cls_node.lineno] + [d.lineno for d in cls_node.decorator_list]) - 1
+    module = component_file[:-len(".py")].replace("/", ".")
+    lines.insert(start, f"from {module} import {component}\n\n\n")
+    new = "".join(lines)
+    assert f"self.{method}(" in new, f"{file} does not call self.{method}("
+    write_text(path, new.replace(f"self.{method}(", f"self.{attribute}.{method}("))
+    write_text(root / component_file, f"from __future__ import annotations\n\nfrom typing import Any, Dict, Union\n\n\n"
+                                      f"class {component}:\n{body}")

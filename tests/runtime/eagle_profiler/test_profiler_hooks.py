@@ -2,6 +2,8 @@
 keep it off), and the versioned diffs' decorator (identity when profiling is off)."""
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from sglang_pcie.patching.eagle3_profile import PATCH
@@ -39,3 +41,19 @@ def test_diff_decorator_is_identity_when_profiling_is_off(monkeypatch):
     monkeypatch.setattr(settings, "_PROCESS_SETTINGS", None)  # another process: it reads its own environment
     assert ep.profile_phase("draft")(method).__wrapped__ is method
 
+
+
+def test_the_profiler_is_made_from_the_settings_the_wrapper_was_handed(monkeypatch, tmp_path):
+    """Those the patch was gated with (the install's, or the baked guard's), not the process's read again."""
+    made = []
+    monkeypatch.setattr(ep, "_PROFILER", None)
+    monkeypatch.setattr(ep, "Profiler", lambda **kwargs: made.append(kwargs) or types.SimpleNamespace(active=False))
+    monkeypatch.setattr(ep, "calibrate", lambda profiler: None)
+    monkeypatch.setenv("EAGLE3_PROFILE_INTERVAL", "7")
+    monkeypatch.setattr(settings, "_PROCESS_SETTINGS", None)
+    handed = load_settings({"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_INTERVAL": "50",
+                            "EAGLE3_PROFILE_FILE": str(tmp_path / "profile.jsonl")})
+    cycle = ep.wrap(lambda self: "cycled", "cycle", settings=handed)
+    assert cycle(None) == "cycled"
+    assert made == [{"interval": 50, "baseline_ms": None, "path": str(tmp_path / "profile.jsonl"),
+                     "exit_flush": True}]

@@ -46,8 +46,8 @@ if args.absent:
 else:
     check = agreement.check_once
 
-    def recorded(environ=None):
-        verdicts.append(check(environ))
+    def recorded(environ=None, settings=None):
+        verdicts.append(check(environ, settings))
         return verdicts[-1]
 
     agreement.check_once = recorded
