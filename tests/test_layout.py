@@ -88,3 +88,27 @@ def test_every_module_lives_in_a_wing():
                               "sglang_pcie.tools")]
     assert loose == []
 
+
+
+# -- sizes: a module a reader can hold, a function a reader can see whole
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60  # from its def line to its last line (decorators not counted)
+
+
+def test_no_module_is_over_500_lines():
+    long = {name: lines for name, path in modules().items()
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_or_method_is_over_60_lines():
+    long = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{name}:{node.lineno} {node.name}"] = lines
+    assert long == {}
+
