@@ -89,3 +89,96 @@ def test_every_module_lives_in_a_wing():
                               "sglang_pcie.tools")]
     assert loose == []
 
+
+
+# -- sizes: a module a reader can hold, a function a reader can see whole
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60  # from its def line to its last line (decorators not counted)
+
+
+def test_no_module_is_over_500_lines():
+    long = {name: lines for name, path in modules().items()
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_or_method_is_over_60_lines():
+    long = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{name}:{node.lineno} {node.name}"] = lines
+    assert long == {}
+
+
+# -- the mirror: a module's tests at its path
+
+TESTS = REPO / "tests"
+MIRRORED = ("runtime", "patching", "tools", "sitecustomize")  # tests/sitecustomize mirrors sitecustomize/
+# Test modules that are the test of no one module or package, each with why.
+CROSS_CUTTING = {
+    "patching/test_hidden_drift.py": "every patch's static check on releases drifted the ways SGLang changes",
+    "patching/test_release_matrix.py": "release tracking: the ci/ scripts, COMPATIBILITY.md and the workflows",
+    "patching/mutations/test_mutations.py": "every patch and apply-diffs on upstream-style changes (YAML beside it)",
+    "tools/check_drafter/test_check_drafter_checks.py": "model_checks and layer_ids on one pair and its breakages",
+    "tools/doctor/test_doctor_parsers.py": "doctor's readers (gpu_facts, host) on recorded nvidia-smi and lspci text",
+}
+
+
+def mirrored(test: Path) -> Path | None:
+    """What ``test`` is the test of by its path, or None.
+
+    ``tests/<dir>/test_<name>.py`` tests ``sglang_pcie/<dir>/<name>.py`` or the package ``sglang_pcie/<dir>/<name>/``
+    (``tests/sitecustomize``: ``sitecustomize/``). ``<name>`` may start with the folder's own name, which keeps
+    basenames unique across tests/ (``tests/tools/doctor/test_doctor_host.py``: ``tools/doctor/host.py``), and
+    may end in an aspect that names no module of the folder, one module's tests in several files
+    (``test_profiler_busy.py``: ``profiler.py``). ``test_<folder>.py`` in a package's folder tests the package
+    itself (``tests/tools/tune_nccl/test_tune_nccl.py``: ``tools/tune_nccl/``)."""
+    folder_rel = test.parent.relative_to(TESTS)
+    folder = (REPO if folder_rel.parts[0] == "sitecustomize" else PACKAGE) / folder_rel
+    if not folder.is_dir():
+        return None
+    stem, own = test.stem.removeprefix("test_"), folder.name
+    if stem == own and (folder / "__init__.py").is_file():
+        return folder
+    names = {p.stem: p for p in folder.glob("*.py") if p.name != "__init__.py"}
+    names.update({p.name: p for p in folder.iterdir() if (p / "__init__.py").is_file()})
+    for name in dict.fromkeys((stem, stem.removeprefix(own + "_"))):
+        if name in names:
+            return names[name]
+        for module, path in sorted(names.items(), key=lambda item: -len(item[0])):  # the longest module first
+            if name.startswith(module + "_") and name[len(module) + 1:] not in names:
+                return path
+    return None
+
+
+def mirror_test_modules() -> list[Path]:
+    return sorted(path for top in MIRRORED for path in (TESTS / top).rglob("test_*.py"))
+
+
+def test_every_test_module_is_at_the_path_of_what_it_tests():
+    astray = [str(test.relative_to(TESTS)) for test in mirror_test_modules()
+              if mirrored(test) is None and str(test.relative_to(TESTS)) not in CROSS_CUTTING]
+    assert astray == []
+
+
+def test_the_cross_cutting_test_modules_exist_and_mirror_nothing():
+    for test, why in CROSS_CUTTING.items():
+        assert (TESTS / test).is_file() and mirrored(TESTS / test) is None and why, test
+
+
+def test_the_mirror_rule_on_the_cases_it_names():
+    assert mirrored(TESTS / "runtime/test_nccl.py") == PACKAGE / "runtime/nccl.py"
+    assert mirrored(TESTS / "tools/doctor/test_doctor_host.py") == PACKAGE / "tools/doctor/host.py"
+    profiler = PACKAGE / "runtime/eagle_profiler/profiler.py"
+    assert mirrored(TESTS / "runtime/eagle_profiler/test_profiler_busy.py") == profiler
+    assert mirrored(TESTS / "tools/tune_nccl/test_tune_nccl.py") == PACKAGE / "tools/tune_nccl"
+    assert mirrored(TESTS / "tools/test_make_test_models.py") == PACKAGE / "tools/make_test_models"
+    startup = REPO / "sitecustomize/sglang_pcie_startup.py"
+    assert mirrored(TESTS / "sitecustomize/test_sglang_pcie_startup.py") == startup
+    # an aspect that is itself a module of the folder is that module's test, misnamed
+    assert mirrored(TESTS / "runtime/eagle_profiler/test_profiler_clocks.py") is None
+    assert mirrored(TESTS / "runtime/test_nowhere.py") is None

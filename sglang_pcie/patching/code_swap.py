@@ -10,12 +10,39 @@ All or nothing: everything is checked before anything changes; idempotent throug
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
 import sys
 from types import CodeType, FunctionType, ModuleType
 
 from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.runtime.results import APPLIED, Drift, Result, is_patched, mark
+from sglang_pcie.runtime.results import (APPLICABLE, APPLIED, DRIFTED, NOT_APPLICABLE, Drift, Result, is_patched,
+                                         mark)
+
+
+def install(module: ModuleType, old_source: str, rewritten: tuple[str, str, dict[str, str]], patch_id: str) -> Result:
+    """A code-swap patch's ``install``: ``rewritten`` is its (status, detail, {module: new source}) for the
+    installed release; the status where that is not applicable, else ``module``'s new source swapped in."""
+    status, detail, sources = rewritten
+    if status != APPLICABLE:
+        return Result(status, detail)
+    if module.__name__ not in sources:
+        return Result(NOT_APPLICABLE, f"nothing to change in {module.__name__} on this release")
+    return swap_in(module, old_source, sources[module.__name__], patch_id)
+
+
+def not_swapped(modules, sources: dict[str, str], patch_id: str) -> Result | None:
+    """A code-swap patch's runtime check: DRIFTED where a module its rewrite changes (``sources``: {module: new
+    source}) was not imported or a function it changes or adds does not carry the patch's mark; None when all do."""
+    for name, new_source in sources.items():
+        module = modules.get(name)
+        if module is None:
+            return Result(DRIFTED, f"{name} was not imported")
+        changed, added = top_level_changes(inspect.getsource(module), new_source)
+        unpatched = [n for n in changed + function_names(added) if not is_patched(getattr(module, n, None), patch_id)]
+        if unpatched:
+            return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
+    return None
 
 
 def swap_in(module: ModuleType, old_source: str, new_source: str, patch_id: str) -> Result:

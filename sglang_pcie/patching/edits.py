@@ -3,6 +3,8 @@ bottom-up so that every position given refers to the original text. A patch's ``
 it; the versioned diffs and the runtime patches are made from that text."""
 from __future__ import annotations
 
+import ast
+
 
 class SourceEdits:
     def __init__(self, text: str):
@@ -30,6 +32,15 @@ class SourceEdits:
     def indent(self, first: int, last: int) -> None:
         """Indent lines ``first`` to ``last`` (inclusive) by one level."""
         self._add(first, 1, -1, "indent", last)
+
+    def first_definition_line(self, tree: ast.Module) -> int:
+        """The line before which new definitions go: the module's first top-level def or class, moved up over its
+        decorators and the comments above it (``tree``: the original text's)."""
+        first = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        line = min([first.lineno] + [d.lineno for d in first.decorator_list])
+        while line > 1 and self.lines[line - 2].lstrip().startswith("#"):
+            line -= 1
+        return line
 
     def text(self) -> str:
         lines = list(self.lines)

@@ -18,7 +18,9 @@ What each release has, re-derived from the pristine wheels 0.5.8-0.5.23:
 
 The change is written once, as source text (``rewrite``): the versioned diffs are that text, and ``apply`` compiles
 the same text and puts the changed functions' code into the existing function objects (``__code__``), so the
-modules that imported the gate by name see the change as well.
+modules that imported the gate by name see the change as well. This module reads each release to find where the
+change goes; what it inserts (the helper, the lines at the gate, the resolver and the preflight) is
+``sm120_inserted``, and the code swap is ``code_swap``'s.
 
 Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
 (``disabled_reason``), and the text baked into an image by ``apply-diffs`` asks the same gate through the guard
@@ -35,18 +37,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, UPSTREAM, Drift, Patch, Result
 from sglang_pcie.patching import baked, code_swap
 from sglang_pcie.patching.edits import SourceEdits
+from sglang_pcie.patching.sm120_inserted import (FUSION, GATE_COMMENT, HELPER, IMPORT_LINES, IS_SM120_BY_PLATFORM,
+                                                 IS_SM120_BY_PROBE, MARKER, PATCH_ID, PREFLIGHT_COMMENT,
+                                                 RESOLVER_COMMENT, RESOLVER_OFF, RUNTIME_CONTEXT, SM120_FACT,
+                                                 SM120_PROBE, UTILS, helper_block)
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
-
-PATCH_ID = "sm120-allreduce-fusion"
-MARKER = f"{DIFF_MARKER} {PATCH_ID}"
-LOGGER_NAME = "sglang_pcie.sm120_allreduce_fusion"
+from sglang_pcie.patching.source_text import in_release_span
 
 COMMUNICATOR = "sglang.srt.layers.communicator"
 ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
-FUSION = "sglang.srt.layers.flashinfer_comm_fusion"
 # Where the gate lives, newest last; the first one found is the release's gate.
 GATE_LOCATIONS = (
     (COMMUNICATOR, "apply_flashinfer_allreduce_fusion"),  # up to 0.5.20
@@ -55,143 +57,10 @@ GATE_LOCATIONS = (
 )
 RESOLVER = "_resolve_backend"  # where every covered release from 0.5.14 refuses anything but SM90/SM10x
 PREFLIGHT_SIZES = "_flashinfer_trtllm_workspace_allocation_sizes"
-HELPER = "_sglang_pcie_sm120_fusion_ok"
-IS_SM120 = "_sglang_pcie_is_sm120"
-OPTED_IN = "_sglang_pcie_sm120_opted_in"
 # Parts that every covered release from this one on has; a source of such a release lacking one is drifted.
 RESOLVER_SINCE = "0.5.14"
 PREFLIGHT_SINCE = "0.5.11"
-RUNTIME_CONTEXT = "sglang.srt.runtime_context"
-UTILS = "sglang.srt.utils"
 UTILS_COMMON = "sglang.srt.utils.common"
-SM120_FACT = "is_sm120"  # get_platform().is_sm120, from 0.5.19
-SM120_PROBE = "is_sm120_supported"  # sglang.srt.utils, every covered release
-
-# How the inserted helper asks whether the GPU is SM12x: written for the release at hand, through the name its
-# check found there (the platform object from 0.5.19, SGLang's probe before), so that no fallback hides a rename.
-IS_SM120_BY_PLATFORM = f"""\
-    from {RUNTIME_CONTEXT} import get_platform
-
-    return bool(get_platform().{SM120_FACT})
-"""
-IS_SM120_BY_PROBE = f"""\
-    from {UTILS} import {SM120_PROBE}
-
-    return bool({SM120_PROBE}())
-"""
-
-# Inserted into the release, self-contained (the diffs must work without sglang-pcie installed).
-# __ENTRY_POINTS__ becomes what the release's flashinfer_comm_fusion.py calls on flashinfer.comm, __IS_SM120__ one
-# of the two bodies above.
-HELPER_BLOCK = '''\
-# sglang-pcie: sm120-allreduce-fusion (begin).
-# SM120 (RTX PRO 6000 Blackwell) joins SM90/SM100 in FlashInfer's all-reduce fusion only when the user opted
-# in (SGLang's own fusion option and SGLANG_PCIE_SM120_FUSION=1) and the fused kernel can run: peer-to-peer
-# access between the GPUs, and a FlashInfer with SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR
-# #3903) and the entry points this release calls. Not opted in, switched off (SGLANG_PCIE_DISABLE=1,
-# SGLANG_PCIE_DISABLE_PATCHES) or without sglang-pcie, nothing here changes what SGLang does or logs.
-# Decided once per process and the same way on every TP rank (all of them see the same GPUs): a rank that
-# alone fell back to NCCL would hang its peers.
-_SGLANG_PCIE_FLASHINFER_ENTRY_POINTS = __ENTRY_POINTS__
-_sglang_pcie_sm120_fusion = None  # the decision, once made
-
-
-__OPTED_IN_DECORATOR__def _sglang_pcie_sm120_opted_in():
-    return False  # SGLang's own answer; where the patch is on, its guard answers True instead
-
-
-def _sglang_pcie_is_sm120():
-__IS_SM120__
-
-def _sglang_pcie_sm120_fusion_ok():
-    global _sglang_pcie_sm120_fusion
-    if _sglang_pcie_sm120_fusion is None:
-        import torch
-
-        if torch.compiler.is_compiling():
-            return False  # decided in eager code only, never while Dynamo traces the gate
-        _sglang_pcie_sm120_fusion = bool(
-            _sglang_pcie_sm120_opted_in() and _sglang_pcie_is_sm120() and _sglang_pcie_sm120_can_fuse()
-        )
-    return _sglang_pcie_sm120_fusion
-
-
-def _sglang_pcie_sm120_can_fuse():
-    import logging
-
-    missing = _sglang_pcie_flashinfer_missing() + _sglang_pcie_peer_access_missing()
-    if missing:
-        logging.getLogger("sglang_pcie.sm120_allreduce_fusion").warning(
-            "sglang-pcie: FlashInfer all-reduce fusion stays off on SM120: %s", "; ".join(missing)
-        )
-        return False
-    return True
-
-
-def _sglang_pcie_flashinfer_missing():
-    import pathlib
-
-    try:
-        import flashinfer
-        import flashinfer.comm
-    except Exception as exc:
-        return [f"FlashInfer cannot be imported ({type(exc).__name__}: {exc})"]
-    version = getattr(flashinfer, "__version__", "?")
-    absent = [name for name in _SGLANG_PCIE_FLASHINFER_ENTRY_POINTS if not hasattr(flashinfer.comm, name)]
-    if absent:
-        return [f"flashinfer.comm {version} lacks {', '.join(absent)}"]
-    build_spec = pathlib.Path(flashinfer.__file__).parent / "jit" / "comm.py"
-    if 12 not in _sglang_pcie_trtllm_allreduce_majors(build_spec):
-        return [f"FlashInfer {version} has no SM12x kernels for its TRT-LLM all-reduce (FlashInfer PR #3903)"]
-    return []
-
-
-def _sglang_pcie_trtllm_allreduce_majors(build_spec):
-    """The GPU majors FlashInfer builds its TRT-LLM all-reduce for (gen_trtllm_comm_module in jit/comm.py)."""
-    import ast
-
-    try:
-        tree = ast.parse(build_spec.read_text())
-    except (OSError, SyntaxError):
-        return []
-    for func in ast.walk(tree):
-        if isinstance(func, ast.FunctionDef) and func.name == "gen_trtllm_comm_module":
-            for call in ast.walk(func):
-                for keyword in getattr(call, "keywords", ()):
-                    if keyword.arg == "supported_major_versions":
-                        return list(ast.literal_eval(keyword.value))
-    return []
-
-
-def _sglang_pcie_peer_access_missing():
-    import torch
-
-    count = torch.cuda.device_count()
-    pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
-    blocked = [(a, b) for a, b in pairs if not torch.cuda.can_device_access_peer(a, b)]
-    if not blocked:
-        return []
-    a, b = blocked[0]
-    return [f"GPU {a} has no peer-to-peer access to GPU {b} "
-            f"({len(blocked)} of {len(pairs)} pairs of visible GPUs lack it)"]
-
-
-# sglang-pcie: sm120-allreduce-fusion (end).
-'''
-GATE_COMMENT = f"# {MARKER}: SM120 as SM90 once opted in and able to run"
-RESOLVER_COMMENT = f"# {MARKER}: SM120 resolves as SM90 (auto -> trtllm) once opted in and able to run"
-RESOLVER_OFF = f'''\
-# {MARKER}: opted in on SM120 with a condition missing (logged once), a
-# backend it could run stays off instead of failing the server start; SGLang's own error otherwise.
-if {OPTED_IN}() and {IS_SM120}() and backend in ("auto", "trtllm") and not is_multi_node:
-    return None
-'''
-PREFLIGHT_COMMENT = f'''\
-# {MARKER}: FlashInfer's TRT-LLM workspace is unicast, and GPUs without
-# multicast (SM120 over PCIe) fail the multicast query.
-if not {HELPER}():
-'''
-IMPORT_LINES = f"from {FUSION} import (  # {MARKER}\n    {HELPER},\n)\n"
 
 
 class Sm120AllreduceFusion(Patch):
@@ -216,28 +85,16 @@ class Sm120AllreduceFusion(Patch):
     # -- runtime
 
     def install(self, module: ModuleType, settings) -> Result:
-        name = module.__name__
         source = inspect.getsource(module)
-        status, detail, sources = _rewrite_installed(installed_sglang_root())
-        if status != APPLICABLE:
-            return Result(status, detail)
-        if name not in sources:
-            return Result(NOT_APPLICABLE, f"nothing to change in {name} on this release")
-        return code_swap.swap_in(module, source, sources[name], PATCH_ID)
+        return code_swap.install(module, source, _rewrite_installed(installed_sglang_root()), PATCH_ID)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         status, detail, sources = _rewrite_installed(installed_sglang_root())
         if status != APPLICABLE:
             return Result(status, detail)
-        for name, new_source in sources.items():
-            module = modules.get(name)
-            if module is None:
-                return Result(DRIFTED, f"{name} was not imported")
-            changed, added = code_swap.top_level_changes(inspect.getsource(module), new_source)
-            unpatched = [n for n in changed + code_swap.function_names(added)
-                         if not is_patched(getattr(module, n, None), self.id)]
-            if unpatched:
-                return Result(DRIFTED, f"{name}: not patched in this process: {', '.join(unpatched)}")
+        drifted = code_swap.not_swapped(modules, sources, self.id)
+        if drifted is not None:
+            return drifted
         gate_module, gate = _find_gate(SourceTree(installed_sglang_root()))
         return Result(APPLIED, f"{gate_module.rsplit('.', 1)[1]}.{gate} admits SM120 when opted in and able to run")
 
@@ -261,7 +118,7 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     if MARKER in gate_source or MARKER in fusion_source:
         return APPLIED, "source carries the sglang-pcie diff", {}
     gate_tree, fusion_tree = ast.parse(gate_source), ast.parse(fusion_source)
-    version = _version(tree)
+    version = tree.version
     gate_label = f"{gate_module.rsplit('.', 1)[1]}.{gate_name}"
 
     gate_test = _gate_capability(gate_tree, _function(gate_tree, gate_name), f"{gate_module}.{gate_name}")
@@ -306,7 +163,7 @@ def _host_helper(tree: SourceTree, gate_module: str, gate_tree: ast.Module, fusi
     flashinfer_comm_fusion, when the gate module imports it at top level (0.5.10+) or when it needs the helper
     itself: one decision and one log line per process. Up to 0.5.9 only the gate module needs it, and it does not
     import flashinfer_comm_fusion."""
-    fusion_import = _top_level_import_of(tree, gate_module, gate_tree, FUSION)
+    fusion_import = tree.top_level_import(gate_module, FUSION)
     if not edits[FUSION].changed and fusion_import is None:
         return gate_module
     if edits[gate_module].changed:
@@ -320,29 +177,10 @@ def _host_helper(tree: SourceTree, gate_module: str, gate_tree: ast.Module, fusi
 def _insert_helper(tree: SourceTree, fusion_tree: ast.Module, host_tree: ast.Module, edits: SourceEdits) -> str:
     """The guard and the helper, written for this release, before the host's first definition; returns what the
     helper reads to tell SM120."""
-    entry_points = "".join(f"\n    {name!r}," for name in _flashinfer_entry_points(fusion_tree))
     probe_name, probe_body = _sm120_probe(tree)
-    block = (HELPER_BLOCK.replace("__ENTRY_POINTS__", f"({entry_points}\n)").replace("__IS_SM120__", probe_body)
-             .replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH_ID)))
-    edits.insert_lines(_first_definition_line(host_tree, edits.lines),
-                       baked.guard_block(PATCH_ID) + "\n\n" + block + "\n\n")
+    block = helper_block(_flashinfer_entry_points(fusion_tree), probe_body)
+    edits.insert_lines(edits.first_definition_line(host_tree), baked.guard_block(PATCH_ID) + "\n\n" + block + "\n\n")
     return probe_name
-
-
-def _version(tree: SourceTree):
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(tree.version)
-    except InvalidVersion:
-        return None
-
-
-def _since(version, release: str) -> bool:
-    """Whether every covered release from ``release`` on has the part (False where the version is unknown)."""
-    from packaging.version import Version
-
-    return version is not None and version >= Version(release)
 
 
 def _find_gate(tree: SourceTree) -> tuple[str, str]:
@@ -424,7 +262,7 @@ def _find_resolver(fusion_tree: ast.Module, version) -> tuple[ast.FunctionDef, a
         raise Drift(f"{FUSION}: {len(found)} places refuse non-SM90/SM10x GPUs: "
                     + ", ".join(f.name for f, _, _ in found))
     if not found:
-        if _since(version, RESOLVER_SINCE) or _function(fusion_tree, RESOLVER) is not None:
+        if in_release_span(version, RESOLVER_SINCE, None) or _function(fusion_tree, RESOLVER) is not None:
             raise Drift(f"{FUSION} has no `if not (<sm90> or <sm100>): raise` (every covered release from "
                         f"{RESOLVER_SINCE} has one, in {RESOLVER})")
         return None
@@ -455,7 +293,7 @@ def _find_preflight(fusion_tree: ast.Module, version) -> tuple[ast.stmt, ast.stm
     if not users:
         if _function(fusion_tree, PREFLIGHT_SIZES) is not None:
             return None  # the preflight no longer asks for multicast: nothing there to patch
-        if _since(version, PREFLIGHT_SINCE):
+        if in_release_span(version, PREFLIGHT_SINCE, None):
             raise Drift(f"{FUSION}.{PREFLIGHT_SIZES} is missing (every covered release from {PREFLIGHT_SINCE} has "
                         "it)")
         return None
@@ -548,25 +386,6 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
     if len(found) > 1:
         raise Drift(f"{name} is defined {len(found)} times")
     return found[0] if found else None
-
-
-def _top_level_import_of(tree: SourceTree, module: str, module_tree: ast.Module, imported: str) -> ast.stmt | None:
-    """The first top-level ``from <imported> import ...`` (relative or not) or ``import <imported>`` of a module."""
-    for node in module_tree.body:
-        if isinstance(node, ast.ImportFrom) and tree.absolute(module, node) == imported:
-            return node
-        if isinstance(node, ast.Import) and any(a.name == imported for a in node.names):
-            return node
-    return None
-
-
-def _first_definition_line(tree: ast.Module, lines: list[str]) -> int:
-    """Line of the module's first top-level def/class, moved up over its decorators and the comments above it."""
-    first = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    line = min([first.lineno] + [d.lineno for d in first.decorator_list])
-    while line > 1 and lines[line - 2].lstrip().startswith("#"):
-        line -= 1
-    return line
 
 
 # -- the runtime side: the same text, compiled into the live modules

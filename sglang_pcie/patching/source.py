@@ -122,6 +122,16 @@ class SourceTree:
             package = package.rpartition(".")[0]
         return ".".join(filter(None, [package, node.module]))
 
+    def top_level_import(self, module: str, imported: str) -> ast.stmt | None:
+        """The first top-level ``from <imported> import ...`` (relative or not) or ``import <imported>`` of
+        ``module``; None where it has none."""
+        for node in self.tree(module).body:
+            if isinstance(node, ast.ImportFrom) and self.absolute(module, node) == imported:
+                return node
+            if isinstance(node, ast.Import) and any(a.name == imported for a in node.names):
+                return node
+        return None
+
     def _is_package(self, module: str) -> bool:
         path = self._located(module)
         return path is not None and path.name == "__init__.py"

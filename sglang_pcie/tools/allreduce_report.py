@@ -52,25 +52,30 @@ def report(decision, sglang_root: str | os.PathLike | None = None, elsewhere: bo
     out["paths"].append({"path": "NCCL", "available": True,
                          "detail": f"{profile}{': ' + values if values else ''} (every reduction the others leave)"})
 
-    if world == 0:
-        uses, why = "no all-reduce", f"no GPU visible: {topology.detail or topology.source}"
-    elif world == 1:
-        uses, why = "no all-reduce", "one GPU visible"
-    elif eligible:
-        uses = f"custom all-reduce up to {CUSTOM_AR_MAX_BYTES >> 20} MiB, NCCL above"
-        why = f"{ca_why}; unless the server runs with --disable-custom-all-reduce"
-    elif ipc_on:
-        numel = ipc.values.get(MAX_NUMEL_VAR) or ipc.user_set.get(MAX_NUMEL_VAR) or "SGLang's decode width x hidden"
-        uses = f"PCIe-IPC all-reduce for bf16 reductions up to {numel} elements, NCCL above"
-        why = f"custom all-reduce: {ca_why}; PCIe-IPC: {ipc.reason}"
-    else:
-        uses = "NCCL for every reduction"
-        ipc_why = ipc.reason if adapter is None and not kernels else (adapter or kernels)
-        why = f"custom all-reduce: {ca_why}; PCIe-IPC off: {ipc_why}"
-    out["server_uses"], out["why"] = uses, why
+    out["server_uses"], out["why"] = server_uses(topology, (eligible, ca_why), ipc, ipc_on, adapter or kernels)
     if world >= 2:
         out["assumes"] = f"tensor parallelism over all {world} visible GPUs"
     return out
+
+
+def server_uses(topology, custom: tuple, ipc, ipc_on: bool, ipc_missing: str | None) -> tuple[str, str]:
+    """(the all-reduce a server started now would use, why): custom all-reduce where it is eligible, else the
+    PCIe-IPC all-reduce where it is on, else NCCL. ``custom``: (eligible, why); ``ipc_missing``: what the PCIe-IPC
+    path lacks here (its adapter or kernels), None where it has both."""
+    world = topology.gpu_count
+    eligible, ca_why = custom
+    if world == 0:
+        return "no all-reduce", f"no GPU visible: {topology.detail or topology.source}"
+    if world == 1:
+        return "no all-reduce", "one GPU visible"
+    if eligible:
+        return (f"custom all-reduce up to {CUSTOM_AR_MAX_BYTES >> 20} MiB, NCCL above",
+                f"{ca_why}; unless the server runs with --disable-custom-all-reduce")
+    if ipc_on:
+        numel = ipc.values.get(MAX_NUMEL_VAR) or ipc.user_set.get(MAX_NUMEL_VAR) or "SGLang's decode width x hidden"
+        return (f"PCIe-IPC all-reduce for bf16 reductions up to {numel} elements, NCCL above",
+                f"custom all-reduce: {ca_why}; PCIe-IPC: {ipc.reason}")
+    return "NCCL for every reduction", f"custom all-reduce: {ca_why}; PCIe-IPC off: {ipc_missing or ipc.reason}"
 
 
 def format_report(rep: dict) -> list[str]:

@@ -1,6 +1,8 @@
 """SourceEdits, the one way patches edit source text: positions refer to the original text whatever the order."""
 from __future__ import annotations
 
+import ast
+
 from sglang_pcie.patching.edits import SourceEdits
 
 TEXT = "def f():\n    if a or b:\n        return 1\n    return 2\n"
@@ -33,3 +35,9 @@ def test_indent_a_block_and_columns_count_bytes():
 def test_no_edit_is_the_same_text():
     edits = SourceEdits(TEXT)
     assert not edits.changed and edits.text() == TEXT
+
+
+def test_new_definitions_go_above_the_first_definitions_decorators_and_comments():
+    text = "import x\n\nY = 1\n# about f\n# more\n@dec\ndef f():\n    pass\n"
+    edits = SourceEdits(text)
+    assert edits.first_definition_line(ast.parse(text)) == 4

@@ -22,7 +22,8 @@ from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.diffs import diff_for
 from sglang_pcie.patching import register, sm120_allreduce_fusion as sm120
 from sglang_pcie.patching import baked, code_swap
-from sglang_pcie.patching.sm120_allreduce_fusion import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, HELPER_BLOCK, PATCH, PREFLIGHT_SIZES, RESOLVER)
+from sglang_pcie.patching import sm120_inserted as inserted
+from sglang_pcie.patching.sm120_allreduce_fusion import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, PATCH, PREFLIGHT_SIZES, RESOLVER)
 from sglang_pcie.patching.releases import COVERED_RELEASES, fetch_source
 from sglang_pcie.runtime.settings import load_settings
 
@@ -127,8 +128,8 @@ def resolver_inputs(version, gpu, state):
 
     platform = SimpleNamespace(is_sm90=gpu == "sm90", is_sm100=gpu == "sm100")
     return {"is_sm90_supported": lambda: gpu == "sm90", "is_sm100_supported": lambda: gpu == "sm100",
-            "get_platform": lambda: platform, HELPER: helper, sm120.IS_SM120: lambda: gpu == "sm120",
-            sm120.OPTED_IN: lambda: state != "not-opted-in"}
+            "get_platform": lambda: platform, HELPER: helper, inserted.IS_SM120: lambda: gpu == "sm120",
+            inserted.OPTED_IN: lambda: state != "not-opted-in"}
 
 
 def resolver_table(codes, version, gpu, state="not-opted-in"):
@@ -330,13 +331,13 @@ def test_opt_in_asks_the_settings_through_the_guard(value, monkeypatch):
     monkeypatch.setenv("SGLANG_PCIE_SM120_FUSION", value)
     namespace = {}
     exec(helper_block(), namespace)
-    assert namespace[sm120.OPTED_IN]() == load_settings({"SGLANG_PCIE_SM120_FUSION": value}).sm120_fusion
+    assert namespace[inserted.OPTED_IN]() == load_settings({"SGLANG_PCIE_SM120_FUSION": value}).sm120_fusion
 
 
 def helper_block() -> str:
     """The helper as a diff inserts it, with the guard before it."""
-    return baked.guard_block(PATCH.id) + HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace(
-        "__IS_SM120__", sm120.IS_SM120_BY_PROBE).replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH.id))
+    return baked.guard_block(PATCH.id) + inserted.HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace(
+        "__IS_SM120__", inserted.IS_SM120_BY_PROBE).replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH.id))
 
 
 @pytest.mark.parametrize("version, majors", [("0.5.9", [9, 10]), ("0.5.23", [9, 10, 12])])
@@ -426,12 +427,12 @@ def test_verify_patches_exits_1_on_a_drifted_gate(tmp_path):
 RUNTIME_EXPECTED = {
     "0.5.9": {"gate": f"{COMMUNICATOR}.apply_flashinfer_allreduce_fusion", "helper_host": COMMUNICATOR,
               "callers": [], "resolver": False,
-              "diff_functions": {"apply_flashinfer_allreduce_fusion", HELPER, sm120.IS_SM120}},
+              "diff_functions": {"apply_flashinfer_allreduce_fusion", HELPER, inserted.IS_SM120}},
     "0.5.23": {"gate": f"{ADD_NORM}.flashinfer_ar_fusion_applies", "helper_host": FUSION,
                "callers": ["sglang.srt.layers.layer_boundary.exit",
                            "sglang.srt.layers.layer_boundary.fusions.allreduce"],
                "resolver": True,
-               "diff_functions": {"flashinfer_ar_fusion_applies", HELPER, sm120.IS_SM120, RESOLVER,
+               "diff_functions": {"flashinfer_ar_fusion_applies", HELPER, inserted.IS_SM120, RESOLVER,
                                   PREFLIGHT_SIZES}},
 }
 

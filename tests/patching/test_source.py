@@ -48,6 +48,20 @@ def test_names_resolve_as_python_would_import_them(tmp_path):
     assert tree.origin("sglang.broken", "tensor") == ("torch", "tensor")  # outside the tree: taken as it says
 
 
+def test_a_top_level_import_of_a_module_relative_or_not(tmp_path):
+    tree = write_tree(tmp_path, {
+        "sglang/layers/__init__.py": "",
+        "sglang/layers/fusion.py": "",
+        "sglang/layers/gate.py": "import os\nfrom .fusion import a\nfrom sglang.layers.fusion import b\n"
+                                 "def f():\n    import sglang.layers.fusion\n",
+        "sglang/layers/plain.py": "import sglang.layers.fusion as fusion\n",
+    })
+    assert tree.top_level_import("sglang.layers.gate", "sglang.layers.fusion").lineno == 2  # the first, relative
+    assert tree.top_level_import("sglang.layers.plain", "sglang.layers.fusion").lineno == 1
+    assert tree.top_level_import("sglang.layers.gate", "os").lineno == 1
+    assert tree.top_level_import("sglang.layers.plain", "os") is None
+
+
 def test_methods_are_found_on_the_class_or_inherited(tmp_path):
     tree = write_tree(tmp_path, {
         "sglang/base.py": "from abc import ABC, abstractmethod\nclass Base(ABC):\n    @abstractmethod\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pcie.runtime import agreement
-from sglang_pcie.runtime.agreement import CONF_PROBLEM, Record
+from sglang_pcie.runtime import agreement, agreement_record, agreement_verdict
+from sglang_pcie.runtime.agreement_record import CONF_PROBLEM, Record
 from sglang_pcie.runtime.bounded_read import MAX_BYTES
 from sglang_pcie.runtime.results import is_patched
 from sglang_pcie.tools.processes import free_port
@@ -32,14 +32,14 @@ def test_every_nccl_variable_is_compared_except_outputs_logging_and_the_config_f
            "NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_TOPO_DUMP_FILE": "/t.xml",
            "NCCL_CONF_FILE": "/c", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PCIE_IPC_MAX_NUMEL": "57344",
            "SGLANG_PCIE_NCCL_DECIDED": "tuned", "SGLANG_PCIE_TUNED_FILE": "/home/a/t.json", "PATH": "/bin"}
-    assert agreement.effective_values(env) == {
+    assert agreement_record.effective_values(env) == {
         "NCCL_PROTO": ("LL", None), "NCCL_IB_DISABLE": ("1", None), "NCCL_SOME_FUTURE_SWITCH": ("x", None),
         "NCCL_SOCKET_IFNAME": ("eth0", None), "NCCL_IB_HCA": ("mlx5_0", None),  # compared within a node
         "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": ("1", None), "SGLANG_PCIE_IPC_MAX_NUMEL": ("57344", None),
         "SGLANG_PCIE_NCCL_DECIDED": ("tuned", None)}
-    assert all(agreement.excluded(name) for name in agreement.EXCLUDED)
-    assert not any(agreement.excluded(name) for name in agreement.PER_NODE)
-    assert agreement.excluded("NCCL_DEBUG_FILE") and not agreement.excluded("NCCL_ALGO")
+    assert all(agreement_record.excluded(name) for name in agreement_record.EXCLUDED)
+    assert not any(agreement_record.excluded(name) for name in agreement_record.PER_NODE)
+    assert agreement_record.excluded("NCCL_DEBUG_FILE") and not agreement_record.excluded("NCCL_ALGO")
 
 
 def test_nccl_config_files_are_read_as_nccl_reads_them(tmp_path):
@@ -47,33 +47,33 @@ def test_nccl_config_files_are_read_as_nccl_reads_them(tmp_path):
     user.write_text("# NCCL_ALGO=Ring is a comment\nNCCL_ALGO=Tree\nNCCL_PROTO=Simple\nnot a setting\n"
                     "NCCL_SOCKET_IFNAME==ens1f0\nNCCL_NET_GDR_LEVEL==PHB\nOTHER=1\nNCCL_ALGO=Ring\n")
     system.write_text("NCCL_ALGO=CollnetDirect\nNCCL_BUFFSIZE=4194304\r\n")
-    values = agreement.effective_values({"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": ""},
+    values = agreement_record.effective_values({"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": ""},
                                         [str(user), str(tmp_path / "absent"), str(system)])
     assert values == {"NCCL_PROTO": ("LL", None),  # the environment wins, as NCCL's setenv(..., 0) lets it
                       "NCCL_ALGO": ("Tree", str(user)),  # the first file and the first line win
                       "NCCL_SOCKET_IFNAME": ("=ens1f0", str(user)),  # everything after the first '='
                       "NCCL_NET_GDR_LEVEL": ("=PHB", str(user))}  # NCCL_BUFFSIZE: set empty, the default
-    assert agreement.effective_values({}, [str(system)])["NCCL_BUFFSIZE"] == ("4194304\r", str(system))
+    assert agreement_record.effective_values({}, [str(system)])["NCCL_BUFFSIZE"] == ("4194304\r", str(system))
 
 
 def test_a_config_file_that_cannot_be_read_within_bounds_is_compared_as_such(tmp_path):
     big = tmp_path / "nccl.conf"
     big.write_text("NCCL_ALGO=Tree\n" + "#" * MAX_BYTES)
-    values = agreement.effective_values({}, [str(big)])
+    values = agreement_record.effective_values({}, [str(big)])
     assert list(values) == [CONF_PROBLEM] and values[CONF_PROBLEM][0].startswith(f"{big} not read: ")
 
 
 def test_the_config_files_nccl_looks_for(tmp_path):
-    assert agreement.conf_files({"NCCL_CONF_FILE": "/x/my.conf"}) == ["/x/my.conf", "/etc/nccl.conf"]
-    assert agreement.conf_files({}, home=str(tmp_path)) == [str(tmp_path / ".nccl.conf"), "/etc/nccl.conf"]
+    assert agreement_record.conf_files({"NCCL_CONF_FILE": "/x/my.conf"}) == ["/x/my.conf", "/etc/nccl.conf"]
+    assert agreement_record.conf_files({}, home=str(tmp_path)) == [str(tmp_path / ".nccl.conf"), "/etc/nccl.conf"]
 
 
 def test_node_rank_from_the_launch_else_from_the_rank():
-    assert agreement.node_rank(9, 16, {}, ["--nnodes", "2", "--node-rank", "1"]) == 1
-    assert agreement.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "2"}, ["--model-path", "m"]) == 1  # 8 ranks a node
-    assert agreement.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "3"}, []) is None  # 16 ranks do not split in 3
+    assert agreement_record.node_rank(9, 16, {}, ["--nnodes", "2", "--node-rank", "1"]) == 1
+    assert agreement_record.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "2"}, ["--model-path", "m"]) == 1  # 8 ranks a node
+    assert agreement_record.node_rank(9, 16, {"SGLANG_PCIE_NNODES": "3"}, []) is None  # 16 ranks do not split in 3
     torchrun = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1"}
-    assert agreement.node_rank(9, 16, torchrun, []) == 1
+    assert agreement_record.node_rank(9, 16, torchrun, []) == 1
 
 
 def test_the_check_runs_only_where_the_launch_spans_nodes():
@@ -88,18 +88,18 @@ def test_records_travel_as_bounded_json():
     record = Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("x" * 1000, "/etc/nccl.conf")})
     back = Record.from_json(record.to_json())
     assert back == Record(3, "box-b", 1, {"NCCL_PROTO": ("LL", None),  # the text cut, the whole value's digest
-                                          "NCCL_ALGO": ("x" * agreement.MAX_VALUE_CHARS, "/etc/nccl.conf", 1000,
-                                                        agreement.digest("x" * 1000))})
+                                          "NCCL_ALGO": ("x" * agreement_record.MAX_VALUE_CHARS, "/etc/nccl.conf", 1000,
+                                                        agreement_record.digest("x" * 1000))})
     assert back.values["NCCL_ALGO"][3] == record.values["NCCL_ALGO"][3] and back.cut == 0
     many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(600)})
     sent = Record.from_json(many.to_json())
-    assert len(sent.values) == agreement.MAX_VALUES and sent.cut == 600 - agreement.MAX_VALUES
-    assert max(sent.values) == f"NCCL_V{agreement.MAX_VALUES - 1:03}"  # the first ones by name
+    assert len(sent.values) == agreement_record.MAX_VALUES and sent.cut == 600 - agreement_record.MAX_VALUES
+    assert max(sent.values) == f"NCCL_V{agreement_record.MAX_VALUES - 1:03}"  # the first ones by name
     for bad in (b"[]", b'{"rank": "0", "host": "h", "node": null, "values": {}}',
                 b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1"]}, "cut": 0}',
                 b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1", null]}, "cut": 0}',
                 b'{"rank": 0, "host": "h", "node": null, "values": {}}', b"\xff",
-                b" " * (agreement.MAX_RECORD_BYTES + 1)):
+                b" " * (agreement_record.MAX_RECORD_BYTES + 1)):
         with pytest.raises(ValueError):
             Record.from_json(bad)
 
@@ -112,7 +112,7 @@ def records(*specs) -> list[Record]:
 
 
 def test_one_line_per_differing_setting_naming_each_node_and_its_value():
-    found = agreement.differences(records(
+    found = agreement_verdict.differences(records(
         (0, 0, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("Ring", None)}),
         (1, 0, {"NCCL_PROTO": ("LL", None), "NCCL_ALGO": ("Ring", "/etc/nccl.conf")}),  # same value: agrees
         (2, 1, {"NCCL_ALGO": ("Ring", None), "NCCL_BUFFSIZE": ("4194304", "/etc/nccl.conf")}),
@@ -126,31 +126,31 @@ def test_one_line_per_differing_setting_naming_each_node_and_its_value():
 
 def test_host_specific_settings_may_differ_between_nodes_not_within_one():
     hca = "NCCL_IB_HCA"
-    found = agreement.differences(records(
+    found = agreement_verdict.differences(records(
         (0, 0, {hca: ("mlx5_0", None)}), (1, 0, {hca: ("mlx5_0", None)}),
         (2, 1, {hca: ("mlx5_2", None)}), (3, 1, {hca: ("mlx5_3", None)}),
         (4, 2, {hca: ("mlx5_4", None)})))
     assert found == {hca: f"{P}: NCCL_IB_HCA differs within a node (it may differ between nodes, not between the "
                           "ranks of one): node 1 (box-1, rank 2) 'mlx5_2'; node 1 (box-1, rank 3) 'mlx5_3'"}
     per_node = records((0, 0, {hca: ("mlx5_0", None)}), (1, 1, {hca: ("mlx5_1", None)}))
-    assert agreement.differences(per_node) == {}
+    assert agreement_verdict.differences(per_node) == {}
 
 
 def test_ranks_of_one_node_that_differ_are_named_apart_and_long_values_cut():
     long = "x" * 100
-    found = agreement.differences(records((0, 0, {"NCCL_X": (long, None)}), (1, 0, {}), (2, 1, {}),
+    found = agreement_verdict.differences(records((0, 0, {"NCCL_X": (long, None)}), (1, 0, {}), (2, 1, {}),
                                           (5, 1, {}), (4, 1, {"NCCL_X": (long, None)})))
-    cut = f"'{'x' * 80}...' (100 chars, sha256 {agreement.digest(long)[:12]})"
+    cut = f"'{'x' * 80}...' (100 chars, sha256 {agreement_record.digest(long)[:12]})"
     assert found["NCCL_X"] == (f"{P}: NCCL_X differs between nodes: node 0 (box-0, rank 0) {cut}; "
                                "node 0 (box-0, rank 1) unset; node 1 (box-1, ranks 2, 5) unset; "
                                f"node 1 (box-1, rank 4) {cut}")
-    assert agreement.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
-    assert agreement.node_label(Record(2, "h", None, {}), [2, 3]) == "h (ranks 2-3)"
+    assert agreement_verdict.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+    assert agreement_verdict.node_label(Record(2, "h", None, {}), [2, 3]) == "h (ranks 2-3)"
 
 
 def test_the_verdict_adds_what_it_means_and_the_first_rank_of_each_node_speaks():
     ranks = records((0, 0, {"NCCL_PROTO": ("LL", None)}), (1, 0, {"NCCL_PROTO": ("LL", None)}), (2, 1, {}))
-    verdict = agreement.verdict(ranks[1], ranks, [3], {4: "not JSON"}, strict=False, wait_s=60)
+    verdict = agreement_verdict.verdict(ranks[1], ranks, [3], {4: "not JSON"}, strict=False, wait_s=60)
     assert verdict.lines == [
         f"{P}: NCCL_PROTO differs between nodes: node 0 (box-0, ranks 0-1) 'LL'; node 1 (box-1, rank 2) unset",
         f"{P}: rank 3 sent no settings within 60 s (sglang-pcie not active there, node-agreement switched off, or "
@@ -160,10 +160,10 @@ def test_the_verdict_adds_what_it_means_and_the_first_rank_of_each_node_speaks()
         "compared; NCCL ranks that disagree on protocol, algorithm or transport can hang at some message sizes: set "
         "the same values on every node (SGLANG_PCIE_STRICT=1 stops the start instead)"]
     assert (verdict.differing, verdict.unknown, verdict.nodes, verdict.speaks) == (["NCCL_PROTO"], [3, 4], 2, False)
-    assert agreement.verdict(ranks[2], ranks, [], {}, strict=True, wait_s=60).lines[-1].endswith(
+    assert agreement_verdict.verdict(ranks[2], ranks, [], {}, strict=True, wait_s=60).lines[-1].endswith(
         "at some message sizes: the start stops (SGLANG_PCIE_STRICT=1)")
     agreeing = records((0, 0, {"NCCL_PROTO": ("LL", None)}), (1, 1, {"NCCL_PROTO": ("LL", "/etc/nccl.conf")}))
-    assert agreement.verdict(agreeing[0], agreeing, [], {}, strict=True, wait_s=60).lines == []
+    assert agreement_verdict.verdict(agreeing[0], agreeing, [], {}, strict=True, wait_s=60).lines == []
 
 
 # -- the wrappers
@@ -325,20 +325,20 @@ class DictStore:
 def agree_all(monkeypatch, tmp_path, envs: list[dict], nodes: list[int], strict: bool = False):
     """Every rank's ``agree`` on one store, each rank with its own environment (no config file read) and node;
     every record is written before any rank compares. [(verdict or the StrictModeError, the lines it logged)]."""
-    monkeypatch.setattr(agreement.sys, "argv", ["sglang"])
-    monkeypatch.setattr(agreement, "versions", lambda: {})
+    monkeypatch.setattr(agreement_record.sys, "argv", ["sglang"])
+    monkeypatch.setattr(agreement_record, "versions", lambda: {})
     store = DictStore()
     full = [dict(env, NCCL_CONF_FILE=str(tmp_path / "absent.conf"), SGLANG_PCIE_NNODES=str(max(nodes) + 1))
             for env in envs]
     hosts = [f"box-{n}" for n in nodes]
     for rank, env in enumerate(full):
-        record = agreement.own_record(rank, len(envs), env)
+        record = agreement_record.own_record(rank, len(envs), env)
         store.set(f"{agreement.KEY}{rank}", Record(rank, hosts[rank], nodes[rank], record.values).to_json())
     results = []
     for rank, env in enumerate(full):
         logged = []
-        monkeypatch.setattr(agreement.socket, "gethostname", lambda rank=rank: hosts[rank])
-        monkeypatch.setattr(agreement, "node_rank", lambda r, w, e, argv=None: nodes[r])
+        monkeypatch.setattr(agreement_record.socket, "gethostname", lambda rank=rank: hosts[rank])
+        monkeypatch.setattr(agreement_record, "node_rank", lambda r, w, e, argv=None: nodes[r])
         monkeypatch.setattr(agreement.logger, "error", lambda line, *a: logged.append(("error", line)))
         monkeypatch.setattr(agreement.logger, "warning", lambda line, *a: logged.append(("warning", line)))
         try:
@@ -351,7 +351,7 @@ def agree_all(monkeypatch, tmp_path, envs: list[dict], nodes: list[int], strict:
 @pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
 def test_equal_long_values_agree_between_nodes_and_strict_does_not_stop(monkeypatch, tmp_path, strict):
     plugin = "/opt/" + "p" * 294 + "/libnccl-net.so"  # 314 characters, longer than a record's bound
-    assert len(plugin) == 314 > agreement.MAX_VALUE_CHARS
+    assert len(plugin) == 314 > agreement_record.MAX_VALUE_CHARS
     results = agree_all(monkeypatch, tmp_path, [{"NCCL_NET_PLUGIN": plugin}] * 2, [0, 1], strict)
     for result, logged in results:
         assert not isinstance(result, Exception) and result.lines == [] and logged == [], logged
@@ -372,7 +372,7 @@ def test_long_values_that_differ_only_past_the_bound_are_told_apart(monkeypatch,
     for result, logged in results:
         assert isinstance(result, agreement.StrictModeError) and "NCCL_NET_PLUGIN" in str(result)
     line = [line for kind, line in results[0][1] if "NCCL_NET_PLUGIN" in line][0]
-    a, b = (agreement.digest(common + end) for end in ("a.so", "b.so"))
+    a, b = (agreement_record.digest(common + end) for end in ("a.so", "b.so"))
     assert line == (f"{P}: NCCL_NET_PLUGIN differs between nodes: node 0 (box-0, rank 0) '{common[:80]}...' "
                     f"(409 chars, sha256 {a[:12]}); node 1 (box-1, rank 1) '{common[:80]}...' (409 chars, "
                     f"sha256 {b[:12]})")
@@ -390,7 +390,7 @@ def test_three_hundred_equal_variables_agree_and_both_nodes_say_the_same(monkeyp
 
 
 def test_what_a_record_cannot_hold_is_said_not_reported_as_a_difference(monkeypatch, tmp_path):
-    monkeypatch.setattr(agreement, "MAX_VALUES", 10)
+    monkeypatch.setattr(agreement_record, "MAX_VALUES", 10)
     many = {f"NCCL_V{i:02}": str(i) for i in range(25)}
     results = agree_all(monkeypatch, tmp_path, [many, dict(many, NCCL_A0="extra")], [0, 1], strict=True)
     for result, logged in results:
@@ -400,7 +400,7 @@ def test_what_a_record_cannot_hold_is_said_not_reported_as_a_difference(monkeypa
     assert [kind for kind, _ in results[0][1]] == ["error", "error", "warning"]
     assert results[0][1][2][1] == (
         f"{P}: ranks 0-1 sent only their first 10 settings (by name) of 25-26 (a record holds at most "
-        f"{10} values and {agreement.MAX_RECORD_BYTES} bytes): settings after NCCL_V08 were not compared")
+        f"{10} values and {agreement_record.MAX_RECORD_BYTES} bytes): settings after NCCL_V08 were not compared")
     same = agree_all(monkeypatch, tmp_path, [many, many], [0, 1], strict=True)
     for result, logged in same:
         assert result.lines == [] and result.notes and [kind for kind, _ in logged] == ["warning"]
@@ -410,7 +410,7 @@ def test_a_record_holds_its_bounds_whatever_the_values(monkeypatch):
     wide = "\u2603" * 1000  # 6 bytes a character in JSON
     record = Record(0, wide, 0, {f"NCCL_{wide}{i}": (wide, wide) for i in range(400)})
     raw = record.to_json()
-    assert len(raw) <= agreement.MAX_RECORD_BYTES
+    assert len(raw) <= agreement_record.MAX_RECORD_BYTES
     back = Record.from_json(raw)
     assert back.cut and len(back.values) + back.cut == 400 and back == Record.from_json(back.to_json())
 
@@ -425,8 +425,8 @@ def test_equal_long_settings_on_two_real_nodes_start_under_strict(torch_python, 
 
 
 def test_strict_mode_stops_where_a_rank_sent_nothing_and_says_whose_settings_are_unknown(monkeypatch, tmp_path):
-    monkeypatch.setattr(agreement.sys, "argv", ["sglang"])
-    monkeypatch.setattr(agreement, "versions", lambda: {})
+    monkeypatch.setattr(agreement_record.sys, "argv", ["sglang"])
+    monkeypatch.setattr(agreement_record, "versions", lambda: {})
     env = {"NCCL_CONF_FILE": str(tmp_path / "absent.conf"), "SGLANG_PCIE_NNODES": "2"}
     logged = []
     monkeypatch.setattr(agreement.logger, "error", lambda line, *a: logged.append(line))
@@ -456,31 +456,32 @@ def test_a_record_speaks_for_every_name_unless_cut_then_up_to_its_last():
 def test_the_names_compared_stop_at_the_shortest_cut_record_inclusive():
     full = Record(0, "a", 0, {n: ("1", None) for n in "ABCD"})
     cut = Record(1, "b", 1, {n: ("1", None) for n in "AB"}, cut=2)
-    assert agreement.compared([full, cut]) == ["A", "B"]
-    assert agreement.compared([full, Record(1, "b", 1, {}, cut=4)]) == []
-    assert agreement.compared([full]) == ["A", "B", "C", "D"]
+    assert agreement_verdict.compared([full, cut]) == ["A", "B"]
+    assert agreement_verdict.compared([full, Record(1, "b", 1, {}, cut=4)]) == []
+    assert agreement_verdict.compared([full]) == ["A", "B", "C", "D"]
 
 
 def test_the_node_rank_edges(monkeypatch):
-    assert agreement.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "1"}, []) == 0  # one node: every rank is node 0
-    assert agreement.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "0"}, []) is None
-    monkeypatch.setattr(agreement.sys, "argv", ["--node-rank=3", "--nnodes=2"])  # argv[0] is the program
-    assert agreement.node_rank(5, 8, {}) is None
-    monkeypatch.setattr(agreement.sys, "argv", ["sglang", "--nnodes=2", "--node-rank=3"])
-    assert agreement.node_rank(5, 8, {}) == 3
+    assert agreement_record.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "1"}, []) == 0  # one node: every rank is node 0
+    assert agreement_record.node_rank(5, 8, {"SGLANG_PCIE_NNODES": "0"}, []) is None
+    monkeypatch.setattr(agreement_record.sys, "argv", ["--node-rank=3", "--nnodes=2"])  # argv[0] is the program
+    assert agreement_record.node_rank(5, 8, {}) is None
+    monkeypatch.setattr(agreement_record.sys, "argv", ["sglang", "--nnodes=2", "--node-rank=3"])
+    assert agreement_record.node_rank(5, 8, {}) == 3
 
 
 def test_a_record_without_a_node_rank_is_placed_by_its_host_before_node_zero():
     nameless, zero = Record(1, "b", None, {}), Record(0, "a", 0, {})
-    assert agreement.node_of(nameless) == (-1, "b")
-    assert sorted([zero, nameless], key=agreement.node_of) == [nameless, zero]
+    assert agreement_verdict.node_of(nameless) == (-1, "b")
+    assert sorted([zero, nameless], key=agreement_verdict.node_of) == [nameless, zero]
 
 
 def test_a_value_of_exactly_the_shown_length_is_shown_whole():
-    text = "x" * agreement.SHOWN_CHARS
-    assert agreement.shown((text, None, len(text), agreement.digest(text))) == repr(text)
+    text = "x" * agreement_verdict.SHOWN_CHARS
+    assert agreement_verdict.shown((text, None, len(text), agreement_record.digest(text))) == repr(text)
     longer = text + "y"
-    assert agreement.shown((longer, "/f", len(longer), agreement.digest(longer))).startswith(f"'{text}...' (")
+    shown = agreement_verdict.shown((longer, "/f", len(longer), agreement_record.digest(longer)))
+    assert shown.startswith(f"'{text}...' (")
 
 
 def test_the_same_value_from_two_files_is_shown_apart():
@@ -489,25 +490,25 @@ def test_the_same_value_from_two_files_is_shown_apart():
     recs = [Record(0, "a", 0, {"NCCL_PROTO": ("LL", "/etc/nccl.conf")}),
             Record(1, "a", 0, {"NCCL_PROTO": ("LL", "/home/u/.nccl.conf")}),
             Record(2, "b", 1, {"NCCL_PROTO": ("Simple", None)})]
-    line = agreement.differences(recs)["NCCL_PROTO"]
+    line = agreement_verdict.differences(recs)["NCCL_PROTO"]
     assert line.count("'LL' from") == 2 and "'Simple'" in line
-    assert agreement.differences(recs[:2]) == {}
+    assert agreement_verdict.differences(recs[:2]) == {}
 
 
 def test_the_cut_line_counts_one_total_or_a_range():
     same = [Record(r, "h", 0, {"A": ("1", None)}, cut=9) for r in (0, 1)]
-    assert agreement.cut_line(same).startswith(f"{agreement.PREFIX}: ranks 0-1 sent only their first 1 settings (by "
-                                               "name) of 10 (a record holds")
-    assert agreement.cut_line(same).endswith(": settings after A were not compared")
+    assert agreement_verdict.cut_line(same).startswith(f"{agreement.PREFIX}: ranks 0-1 sent only their first 1 "
+                                                       "settings (by name) of 10 (a record holds")
+    assert agreement_verdict.cut_line(same).endswith(": settings after A were not compared")
     apart = [same[0], Record(1, "h", 0, {"A": ("1", None), "B": ("1", None)}, cut=20)]
-    assert "sent only their first 1-2 settings (by name) of 10-22" in agreement.cut_line(apart)
-    assert agreement.cut_line([Record(0, "h", 0, {"A": ("1", None)})]) is None
+    assert "sent only their first 1-2 settings (by name) of 10-22" in agreement_verdict.cut_line(apart)
+    assert agreement_verdict.cut_line([Record(0, "h", 0, {"A": ("1", None)})]) is None
 
 
 def test_a_record_of_exactly_the_bound_is_read_and_a_source_must_be_text():
     raw = Record(0, "h", None, {"A": ("1", None)}).to_json()
     assert raw.startswith(b'{"cut": 0, "host": "h"')  # keys in order: the same record, the same bytes
-    padded = raw + b" " * (agreement.MAX_RECORD_BYTES - len(raw))
+    padded = raw + b" " * (agreement_record.MAX_RECORD_BYTES - len(raw))
     assert Record.from_json(padded).values["A"][0] == "1"
     with pytest.raises(ValueError):
         Record.from_json(b'{"rank": 0, "host": "h", "node": null, "values": {"A": ["1", 5, 1, "d"]}, "cut": 0}')
@@ -612,18 +613,18 @@ def test_an_elastic_joiner_does_not_compare(monkeypatch):
 
 
 def test_nccls_user_file_is_in_the_home_nccl_finds():
-    assert agreement.conf_files({}, home="/home/u") == ["/home/u/.nccl.conf", "/etc/nccl.conf"]
+    assert agreement_record.conf_files({}, home="/home/u") == ["/home/u/.nccl.conf", "/etc/nccl.conf"]
     import pwd
 
-    assert agreement.conf_files({}) == [os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf"),
+    assert agreement_record.conf_files({}) == [os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf"),
                                         "/etc/nccl.conf"]
-    assert agreement.conf_files({"NCCL_CONF_FILE": "/x.conf"}, home="/home/u") == ["/x.conf", "/etc/nccl.conf"]
+    assert agreement_record.conf_files({"NCCL_CONF_FILE": "/x.conf"}, home="/home/u") == ["/x.conf", "/etc/nccl.conf"]
 
 
 def test_a_valid_record_over_the_byte_bound_is_refused():
     raw = Record(0, "h", None, {"A": ("1", None)}).to_json()
     with pytest.raises(ValueError, match="bytes"):
-        Record.from_json(raw + b" " * (agreement.MAX_RECORD_BYTES + 1 - len(raw)))
+        Record.from_json(raw + b" " * (agreement_record.MAX_RECORD_BYTES + 1 - len(raw)))
 
 
 def test_the_versions_compared_are_each_under_its_own_name(monkeypatch):
@@ -641,11 +642,11 @@ def test_the_versions_compared_are_each_under_its_own_name(monkeypatch):
         monkeypatch.setitem(sys.modules, name, module)
     import sglang_pcie
 
-    found = agreement.versions()
-    assert found == {agreement.VERSIONS[0]: (sglang_pcie.__version__, None),
-                     agreement.VERSIONS[1]: ("0.5.23", None), agreement.VERSIONS[2]: ("2.27.5", None)}
+    found = agreement_record.versions()
+    assert found == {agreement_record.VERSIONS[0]: (sglang_pcie.__version__, None),
+                     agreement_record.VERSIONS[1]: ("0.5.23", None), agreement_record.VERSIONS[2]: ("2.27.5", None)}
     monkeypatch.setitem(sys.modules, "sglang", None)
-    assert agreement.VERSIONS[1] not in agreement.versions()  # not read: not compared
+    assert agreement_record.VERSIONS[1] not in agreement_record.versions()  # not read: not compared
 
 
 def test_one_visible_device_per_process_does_not_count_the_nodes_gpus(monkeypatch):
@@ -666,12 +667,12 @@ def test_the_record_bounds_are_the_documented_ones():
     many = Record(0, "h", None, {f"NCCL_V{i:03}": ("1", None) for i in range(600)})
     sent = Record.from_json(many.to_json())
     assert (len(sent.values), sent.cut) == (512, 88)
-    assert "(a record holds at most 512 values and 262144 bytes)" in agreement.cut_line([sent])
+    assert "(a record holds at most 512 values and 262144 bytes)" in agreement_verdict.cut_line([sent])
     value = sent.values["NCCL_V000"]
-    assert len(value[3]) == 32 and value[3] == agreement.digest("1")
+    assert len(value[3]) == 32 and value[3] == agreement_record.digest("1")
     text = "v" * 81
-    assert agreement.shown((text, None, 81, agreement.digest(text))) == (
-        f"'{'v' * 80}...' (81 chars, sha256 {agreement.digest(text)[:12]})")
+    assert agreement_verdict.shown((text, None, 81, agreement_record.digest(text))) == (
+        f"'{'v' * 80}...' (81 chars, sha256 {agreement_record.digest(text)[:12]})")
     assert Record.from_json(Record(0, "h", None, {"A": ("x" * 300, None)}).to_json()).values["A"][0] == "x" * 256
 
 

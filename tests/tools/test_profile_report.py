@@ -10,6 +10,7 @@ from support.eagle_records import META, interval_stats
 
 from sglang_pcie.runtime import eagle_profiler as ep
 from sglang_pcie.tools import profile_report
+from sglang_pcie.tools.profile_report import records as profile_records
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -280,7 +281,7 @@ def test_the_issues_run_cycle_mean_2_91_not_1_94(tmp_path, capsys, monkeypatch):
     path.write_text("\n".join([ep.to_json(_good()), ep.to_json(_good()), json.dumps(bad)]) + "\n")
     assert cli_main(["profile-report", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(2.91)
-    monkeypatch.setattr(profile_report, "impossible", lambda record: None)
+    monkeypatch.setattr(profile_records, "impossible", lambda record: None)
     assert cli_main(["profile-report", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["phases_ms"]["cycle"]["mean"] == pytest.approx(1.94)
 

@@ -8,7 +8,8 @@ them and the acceptance rule keeps a prefix), draft re-extend (the draft model c
 exactly these wrappers, handing down the settings the patch was gated with.  This module holds those hooks and the
 process's profiler; the rest of the package:
 
-* ``profiler``: the Profiler (counts every cycle, times a sample, reads the timers, closes and reports intervals);
+* ``profiler``: the Profiler (counts every cycle, times a sample, closes and reports intervals);
+* ``readback``: how the Profiler reads its timed cycles back (when the GPU has passed them, or waiting once);
 * ``clocks``: CUDA events on the current stream, or the host clock;
 * ``tokens``: the accepted-token counts and their histogram per request-verify, from SGLang's own host copies;
 * ``records``: an interval's statistics, its JSON-lines record and its log line;

@@ -14,10 +14,11 @@ from sglang_pcie.runtime.eagle_profiler.clocks import default_clock
 from sglang_pcie.runtime.eagle_profiler.process import install_exit_flush, run_identity
 from sglang_pcie.runtime.eagle_profiler.prometheus import PrometheusExport
 from sglang_pcie.runtime.eagle_profiler.ranks import metrics_enabled, model_name, spec_settings, worker_ranks
+from sglang_pcie.runtime.eagle_profiler.readback import ReadBack
 from sglang_pcie.runtime.eagle_profiler.records import (DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,
                                                         format_line, to_json)
 from sglang_pcie.runtime.eagle_profiler.slots import CYCLE_END, CYCLE_START, MARKS_PER_SLOT, NEXT_MARK, Slot
-from sglang_pcie.runtime.eagle_profiler.tokens import NO_TOKENS, TOKEN_BATCH, TokenCounter
+from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, TokenCounter
 
 DEFAULT_INTERVAL = 1000  # decode cycles per report (EAGLE3_PROFILE_INTERVAL's default in runtime/settings.py, which
 # cannot import this module at start-up: a test keeps them equal).  With the floor below, 1 decode cycle in 41 is timed where the host budget has no room: inside a real
@@ -36,7 +37,7 @@ HOST_BUDGET = 0.002  # sampling aims at profiler host time <= this share of the 
 _now = time.perf_counter_ns
 
 
-class Profiler:
+class Profiler(ReadBack):
     """Collects the cycles of one process's EAGLE worker and reports every ``interval`` decode cycles.
 
     ``sample_every``: None (default) adapts to the host budget; an int fixes it (1: every decode cycle is timed).
@@ -122,6 +123,16 @@ class Profiler:
         if self.exit_flush:
             install_exit_flush(self)
 
+    def _set_up(self, worker, function, start):
+        """Bind at the first cycle; its cost is set-up time, logged once. Returns where the cycle's own host time
+        starts: after the set-up."""
+        self._bind(worker, function)
+        self.setup_ns = _now() - start
+        if self.active:
+            self.logger.info(f"{LOG_PREFIX}: set up in {self.setup_ns / 1e6:.1f} ms at the first cycle (timers for"
+                             f" {len(self._slots)} timed cycles in flight); not counted in the host time per cycle")
+        return start + self.setup_ns
+
     # -- the hot path: called by the wrappers.  A profiler error stops profiling, never the worker.
 
     def begin_cycle(self, function, args, kwargs):
@@ -134,13 +145,9 @@ class Profiler:
             if self._in_cycle:
                 return None  # nested call: a subclass calling super()
             if not self._bound:  # once: its cost (CUDA events, pinned memory) is set-up, not a cycle's (logged)
-                self._bind(args[0], function)
-                self.setup_ns = _now() - start
-                start += self.setup_ns
+                start = self._set_up(args[0], function, start)
                 if not self.active:
                     return None
-                self.logger.info(f"{LOG_PREFIX}: set up in {self.setup_ns / 1e6:.1f} ms at the first cycle (timers for"
-                                 f" {len(self._slots)} timed cycles in flight); not counted in the host time per cycle")
             owner = self._wall_owner
             if owner is not None:  # an interval's wall time runs to the start of the cycle after its last decode
                 owner.wall_end = start
@@ -326,90 +333,6 @@ class Profiler:
         self._current = None
         self._in_cycle = False
         self.logger.warning(f"{LOG_PREFIX}: profiling stopped: {type(exc).__name__}: {exc}")
-
-    # -- reading timed cycles
-
-    def _read_finished(self, limit):
-        """Read up to ``limit`` of the oldest timed cycles ``drain_lag`` cycles old that the GPU has passed; never
-        waits.  Returns how many it read."""
-        pending, clock = self._pending, self._clock
-        read = 0
-        if pending and self._cycle_no - pending[0].cycle_no >= self.drain_lag and clock.capturing():
-            return read  # an event query is not allowed while a CUDA graph is being captured
-        while read < limit and pending and self._cycle_no - pending[0].cycle_no >= self.drain_lag:
-            slot = pending[0]
-            if slot is self._awaiting_next:
-                return read  # its wall time ends with the next cycle's start
-            for mark_index in slot.end_marks():
-                if not clock.is_done(slot.marks, mark_index):
-                    return read  # the GPU is behind: read it after a later cycle, or in a batch
-            pending.popleft()
-            try:
-                self._take(slot)
-            finally:
-                self._free.append(slot)
-            read += 1
-        return read
-
-    def _drain(self, count, wait=True):
-        """Read the ``count`` oldest timed cycles, waiting for the GPU (once) if it has not passed them; with
-        ``wait`` False (at exit) the ones it has not passed are dropped instead."""
-        pending, batch = self._pending, []
-        while len(batch) < count and pending and pending[0] is not self._awaiting_next:
-            batch.append(pending.popleft())
-        finished = []
-        for slot in reversed(batch):  # newest first: once it is done, the older ones on its stream are too
-            done = all(self._clock.is_done(slot.marks, i) for i in slot.end_marks())
-            if not done and wait:
-                for mark_index in slot.end_marks():
-                    if not self._clock.is_done(slot.marks, mark_index):
-                        self._clock.wait(slot.marks, mark_index)
-                        slot.stats.syncs += 1
-                done = True
-            if done or wait:
-                finished.append(slot)
-            else:
-                slot.stats.unfinished += 1
-                slot.stats.outstanding -= 1
-                self._free.append(slot)
-        for slot in reversed(finished):
-            try:
-                self._take(slot)
-            finally:
-                self._free.append(slot)
-
-    def _take(self, slot):
-        clock, stats = self._clock, slot.stats
-        stats.outstanding -= 1
-        cycle_ms, phase_ms, wall_ms = slot.times(clock)
-        if slot.kind == PREFILL:
-            stats.add_prefill(cycle_ms)
-            if self.metrics:
-                self._export(self.metrics.observe_phase, "prefill", cycle_ms)
-            return
-        if wall_ms is not None:
-            stats.add_timed(phase_ms, cycle_ms, wall_ms)
-        else:  # a prefill, an idle cycle or the end followed it: no wall time of its own
-            stats.add_timed_without_wall()
-        if self.metrics:
-            self._export(self.metrics.observe_cycle, phase_ms, cycle_ms)
-        if slot.staged is not NO_TOKENS:
-            tokens = clock.read_tokens(slot.index, slot.staged)
-            stats.add_tokens(slot.batch_size, tokens)
-            if slot.batch_size:
-                self._observe_accept(tokens / slot.batch_size)
-
-    def _observe_accept(self, accept_length):
-        if self.metrics:
-            self._export(self.metrics.observe_accept, accept_length)
-
-    def _export(self, observe, *args):
-        try:
-            observe(*args)
-        except Exception as exc:  # a broken metrics directory must not stop the profile
-            self.metrics = None
-            self.tokens.observe = None
-            self.logger.warning(f"{LOG_PREFIX}: Prometheus export off: {type(exc).__name__}: {exc}")
 
     # -- intervals
 

@@ -29,7 +29,8 @@ and must import SGLang in the client process. The client here is the standard li
 
 The modules, in the order a run uses them: ``plan`` (variants, order, workload, each server's command and
 environment), ``client`` (``/generate``, plain and streamed, replies checked), ``runs`` (one server start to stop,
-the workload, the whole schedule, --repeats auto), ``analysis`` (ratios, outputs compared, profile invariants,
+the whole schedule, --repeats auto), ``workload`` (what a ready server is sent and what is measured of it),
+``acceptance`` (accept length and histogram from SGLang's meta info), ``analysis`` (ratios, outputs compared, profile invariants,
 NCCL, exit status), ``verdicts`` (the interval, the verdict, when auto stops), ``report`` (table, chart, schedule,
 results.json), ``command`` (options, the plan they make, ``COMMAND``). Another tool (tune-spec) builds its own
 ``Plan``, runs with ``Plan.make_run`` and starts them with ``runs.execute_run`` and ``runs.warm_up``.

@@ -1,210 +1,27 @@
-"""Running the plan: each server started in its own process tree, waited for, driven through the workload (warm-up,
-batch at ``--concurrency``, concurrency-1 stream) and stopped whole, one at a time, results saved after each."""
+"""Running the plan: each server started in its own process tree, waited for, driven through the workload
+(``workload``: warm-up, batch at ``--concurrency``, concurrency-1 stream) and stopped whole, one at a time, results
+saved after each."""
 from __future__ import annotations
 
 import http.client
 import json
-import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sglang_pcie.tools.bench.analysis import (assemble, compute_ratios, expected_nccl, nccl_check, nccl_debug_env,
                                               nccl_env_lines, read_profile)
-from sglang_pcie.tools.bench.client import RequestError, generate, generate_stream, http_get
+from sglang_pcie.tools.bench.client import RequestError, http_get
 from sglang_pcie.tools.bench.plan import PROFILE_FILE_NAME, Plan
-from sglang_pcie.tools.bench.report import auto_text, fmt, format_schedule, percent, save, write_chart
+from sglang_pcie.tools.bench.report import auto_text, format_schedule, percent, save, write_chart
 from sglang_pcie.tools.bench.verdicts import auto_stop, resolvable_widths
+from sglang_pcie.tools.bench.workload import drive_workload, short_outputs, warmup_workload
 from sglang_pcie.tools.common import tail_lines
 from sglang_pcie.tools.processes import free_port, stop_tree, tree_members
 
 LOG_TAIL_LINES = 40
-# SGLang's scheduler log line every 40 decode steps (0.5.16 / 0.5.23 metrics_reporter), e.g. "Decode batch,
-# #running-req: 32, ... accept len: 1.02, ... gen throughput (token/s): 5123.45, #queue-req: 0".
-_DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),(?:.*?accept len: ([\d.]+),)?"
-                          r".*?gen throughput \(token/s\): ([\d.]+)")
-
-
-# ---------------------------------------------------------------------------------------------------- workload
-
-def percentile(values, q):
-    if not values:
-        return None
-    ordered = sorted(values)
-    index = (len(ordered) - 1) * q
-    low = int(index)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
-
-
-def accept_length(results, decode_only: bool = False) -> float | None:
-    """Tokens per verify cycle over the requests, from SGLang's meta info: completion_tokens / spec_verify_ct
-    (SGLang's own spec_accept_length, summed over requests) or, ``decode_only``, without each request's first
-    token, which prefill produced (what an EAGLE3 profile counts)."""
-    speculative = [r["meta_info"] for r in results if r["meta_info"].get("spec_verify_ct")]
-    verify = sum(m["spec_verify_ct"] for m in speculative)
-    tokens = sum((m.get("completion_tokens") or 0) - (1 if decode_only else 0) for m in speculative)
-    return tokens / verify if verify else None
-
-
-# SGLang's meta info: per request, how many of its verify steps accepted n drafts, at index n. 0.5.9 names it
-# spec_accept_histogram, 0.5.16 both, 0.5.23 spec_correct_drafts_histogram only (docs/bench.md).
-HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
-
-
-def request_histogram(meta: dict) -> list | None:
-    """One request's acceptance histogram from its meta info, under either name; None without one."""
-    for key in HISTOGRAM_KEYS:
-        if meta.get(key) is not None:
-            return meta[key]
-    return None
-
-
-def accept_histogram(results) -> list | None:
-    """Index n: the verify steps that accepted n drafts, summed over the requests; None when no request carries
-    SGLang's histogram (a release without it, no speculation)."""
-    histograms = [h for r in results if (h := request_histogram(r["meta_info"])) is not None]
-    if not histograms:
-        return None
-    total = [0] * max(len(h) for h in histograms)
-    for h in histograms:
-        for n, count in enumerate(h):
-            total[n] += count
-    return total
-
-
-def accept_at_least(histogram: list | None) -> list | None:
-    """For j = 1 .. len - 1 (list index j - 1): the share of verify steps that accepted at least j drafts."""
-    steps = sum(histogram or [])
-    if not steps:
-        return None
-    return [sum(histogram[j:]) / steps for j in range(1, len(histogram))]
-
-
-def acceptance(results) -> dict:
-    """The acceptance figures of a phase: accept length, histogram, at-least shares, and per speculative request
-    [completion_tokens, spec_verify_ct, its histogram or None] (tune-spec's model needs each request's own: a
-    drafter accepted on some requests and not others is not one pooled histogram)."""
-    histogram = accept_histogram(results)
-    per_request = [[m.get("completion_tokens"), m["spec_verify_ct"], request_histogram(m)]
-                   for m in (r["meta_info"] for r in results) if m.get("spec_verify_ct")]
-    return {"accept_length": accept_length(results), "accept_hist": histogram,
-            "accept_at_least": accept_at_least(histogram), "requests_spec": per_request or None}
-
-
-def run_batch(host, port, prompts, max_new_tokens, concurrency, timeout) -> tuple[dict, list]:
-    """All prompts with at most ``concurrency`` in flight (submitted in order); wall-clock output throughput."""
-    start = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=concurrency)
-    try:
-        futures = [pool.submit(generate, host, port, p, max_new_tokens, timeout) for p in prompts]
-        results = [f.result() for f in futures]
-    finally:
-        # On a failure or Ctrl-C, do not wait for requests in flight: stopping the server ends them.
-        pool.shutdown(wait=False, cancel_futures=True)
-    wall = time.perf_counter() - start
-    tokens = sum(len(r["output_ids"]) for r in results)
-    latencies = [r["latency_s"] * 1e3 for r in results]
-    metrics = {"requests": len(results), "output_tokens": tokens, "wall_s": wall,
-               "output_tok_s": tokens / wall if wall > 0 else None,
-               "latency_ms_p50": percentile(latencies, 0.5), "latency_ms_mean": statistics.fmean(latencies),
-               **acceptance(results),
-               "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
-    return metrics, results
-
-
-def run_stream(host, port, prompts, max_new_tokens, timeout) -> tuple[dict, list]:
-    """One streaming request at a time: TTFT, TPOT (per request, after the first token) and ITL (chunk gaps)."""
-    start = time.perf_counter()
-    results = [generate_stream(host, port, p, max_new_tokens, timeout) for p in prompts]
-    wall = time.perf_counter() - start
-    ttft, tpot, itl = [], [], []
-    for r in results:
-        arrivals = r["arrivals"]
-        if not arrivals:
-            continue
-        ttft.append(arrivals[0][0] * 1e3)
-        n = len(r["output_ids"])
-        if n > 1:
-            tpot.append((r["latency_s"] - arrivals[0][0]) * 1e3 / (n - 1))
-        itl.extend((b[0] - a[0]) * 1e3 for a, b in zip(arrivals, arrivals[1:]))
-    tokens = sum(len(r["output_ids"]) for r in results)
-    metrics = {"requests": len(results), "output_tokens": tokens, "wall_s": wall,
-               "output_tok_s": tokens / wall if wall > 0 else None,
-               "ttft_ms_p50": percentile(ttft, 0.5), "ttft_ms_mean": statistics.fmean(ttft) if ttft else None,
-               "tpot_ms_p50": percentile(tpot, 0.5), "tpot_ms_mean": statistics.fmean(tpot) if tpot else None,
-               "itl_ms_p50": percentile(itl, 0.5), "itl_ms_p90": percentile(itl, 0.9),
-               "tokens_per_chunk": (tokens / sum(len(r["arrivals"]) for r in results)
-                                    if any(r["arrivals"] for r in results) else None),
-               **acceptance(results),
-               "short_outputs": sum(1 for r in results if len(r["output_ids"]) != max_new_tokens)}
-    for r in results:
-        del r["arrivals"]
-    return metrics, results
-
-
-def server_decode_stats(log: Path, start: int, end: int, running: int) -> dict:
-    """SGLang's own decode figures logged between two offsets of the server log, from the lines with ``running``
-    requests in the batch: the issue's first measurement used their gen throughput median."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(start)
-            text = f.read(max(0, end - start)).decode("utf-8", "replace")
-    except OSError:
-        return {"lines": 0, "gen_tok_s_p50": None, "accept_len_mean": None}
-    found = [m for m in _DECODE_LINE.finditer(text) if int(m.group(1)) == running]
-    accepts = [float(m.group(2)) for m in found if m.group(2)]
-    return {"lines": len(found), "gen_tok_s_p50": percentile([float(m.group(3)) for m in found], 0.5),
-            "accept_len_mean": statistics.fmean(accepts) if accepts else None}
-
-
-def drive_workload(plan: Plan, port: int, prompts: dict, log: Path, progress, label: str) -> tuple[dict, dict]:
-    """Warm-up, batch and stream against a ready server: (its metrics, every measured request's output ids)."""
-    w = plan.workload
-    _, warmup_results = run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency,
-                                  plan.request_timeout)
-    log_start = log.stat().st_size
-    batch, batch_results = run_batch(plan.host, port, prompts["batch"], w.output_len, w.concurrency,
-                                     plan.request_timeout)
-    server = server_decode_stats(log, log_start, log.stat().st_size, w.concurrency)
-    batch["server_gen_tok_s_p50"], batch["server_log_lines"] = server["gen_tok_s_p50"], server["lines"]
-    progress(f"{label}: batch {batch['requests']} x {w.output_len} tokens at concurrency {w.concurrency}:"
-             f" {batch['output_tok_s']:.1f} tok/s" + _accept_note(batch))
-    stream, stream_results = run_stream(plan.host, port, prompts["stream"], w.output_len, plan.request_timeout)
-    progress(f"{label}: stream {stream['requests']} x {w.output_len} tokens at concurrency 1:"
-             f" {stream['output_tok_s']:.1f} tok/s, TTFT p50 {fmt(stream['ttft_ms_p50'])} ms,"
-             f" TPOT p50 {fmt(stream['tpot_ms_p50'], 3)} ms" + _accept_note(stream))
-    metrics = {"batch": batch, "stream": stream,
-               "accept_length": accept_length(batch_results + stream_results),
-               # what an EAGLE3 profile of this server saw: the warm-up too, decode tokens only
-               "accept_length_served": accept_length(warmup_results + batch_results + stream_results,
-                                                     decode_only=True)}
-    outputs = {"batch": [r["output_ids"] for r in batch_results],
-               "stream": [r["output_ids"] for r in stream_results]}
-    return metrics, outputs
-
-
-def short_outputs(outputs: dict, asked: int) -> str | None:
-    """One line when a measured request returned fewer tokens than asked, None when none did. With ignore_eos
-    every request must return them all: a short one hit a context limit or a server that stopped early, and its
-    run did not measure the workload the others did."""
-    lengths = [len(ids) for phase in ("batch", "stream") for ids in outputs.get(phase, [])]
-    short = [n for n in lengths if n < asked]
-    if not short:
-        return None
-    return (f"{len(short)} of {len(lengths)} requests returned fewer than the {asked} tokens asked"
-            f" ({short.count(0)} empty, shortest {min(short)}); the ratios leave this run out")
-
-
-def _accept_note(metrics):
-    note = f", accept length {metrics['accept_length']:.2f}" if metrics.get("accept_length") else ""
-    if metrics.get("short_outputs"):
-        note += f"; {metrics['short_outputs']} request(s) returned fewer tokens than asked (context limit?)"
-    return note
 
 
 # ----------------------------------------------------------------------------------------------------- servers
@@ -366,23 +183,6 @@ def _read_logs(record: dict, run: dict, server_env: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ warm-up
-
-def warmup_workload(plan: Plan, port: int, prompts: dict, log: Path, progress, label: str) -> tuple[dict, None]:
-    """What a warm-up server is sent: the workload's warm-up requests, then one batch of the measured batch phase
-    (its first ``concurrency`` prompts, full output length) and one streamed request, so that the kernels of the
-    measured shapes are built (JIT) before any measured server. Nothing of it is measured: (figures, None)."""
-    w = plan.workload
-    start = time.perf_counter()
-    run_batch(plan.host, port, prompts["warmup"], w.warmup_output_len, w.concurrency, plan.request_timeout)
-    batch, _ = run_batch(plan.host, port, prompts["batch"][:w.concurrency], w.output_len, w.concurrency,
-                         plan.request_timeout)
-    if prompts["stream"]:
-        run_stream(plan.host, port, prompts["stream"][:1], w.output_len, plan.request_timeout)
-    progress(f"{label}: warm-up requests, one batch of {batch['requests']} x {w.output_len} tokens"
-             f"{' and one streamed request' if prompts['stream'] else ''} in {time.perf_counter() - start:.1f} s"
-             f" (not measured)")
-    return {"batch_output_tok_s": batch["output_tok_s"], "wall_s": time.perf_counter() - start}, None
-
 
 def warm_up(plan: Plan, prompts: dict, progress, variant=None) -> dict:
     """One unmeasured server before the measured ones: the first scheduled run's variant (or ``variant``, a

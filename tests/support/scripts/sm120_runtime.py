@@ -5,7 +5,7 @@ import torch
 import sglang
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.engine import is_patched
-from sglang_pcie.patching import code_swap, sm120_allreduce_fusion as sm120
+from sglang_pcie.patching import code_swap, sm120_allreduce_fusion as sm120, sm120_inserted as inserted
 from sglang_pcie.runtime.settings import for_process
 
 report = {}
@@ -63,7 +63,7 @@ records = []
 class Capture(logging.Handler):
     def emit(self, record):
         records.append([record.levelname, record.getMessage()])
-log = logging.getLogger(sm120.LOGGER_NAME)
+log = logging.getLogger(inserted.LOGGER_NAME)
 log.addHandler(Capture())
 log.setLevel(logging.INFO)
 peer_queries = []

@@ -21,7 +21,7 @@ FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
 # a shared machine (another checkout's bench tests, from the same first port) took one in between ("Address already
 # in use", a failed start).
 FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
-# --no-warmup: the tests count and order the measured servers; test_warmup.py runs bench with its warm-up server
+# --no-warmup: the tests count and order the measured servers; test_runs_warmup.py runs bench with its warm-up server
 # (the default) and checks it.
 SMALL = ["--concurrency", "4", "--batch-requests", "8", "--stream-requests", "2", "--input-len", "8",
          "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT, "--no-warmup"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_pcie.tools.bench.runs import accept_at_least, accept_histogram, acceptance
+from sglang_pcie.tools.bench.acceptance import accept_at_least, accept_histogram, acceptance
 
 
 def replies(*metas):

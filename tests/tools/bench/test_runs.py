@@ -15,7 +15,8 @@ import pytest
 from support import REPO
 
 from sglang_pcie.tools.bench import runs as bench_runs
-from sglang_pcie.tools.bench.runs import accept_length, server_decode_stats, short_outputs
+from sglang_pcie.tools.bench.acceptance import accept_length
+from sglang_pcie.tools.bench.workload import server_decode_stats, short_outputs
 from sglang_pcie.tools.cli import main as cli_main
 
 
