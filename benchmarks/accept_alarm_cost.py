@@ -18,7 +18,7 @@ Rounds alternate wrapped and unwrapped calls (ABBA); the figure is the median ov
 CPU time per call (the thread's CPU clock, so time spent descheduled on a loaded machine does not count), with the
 min-max of the rounds.
 
-Usage: python benchmarks/accept_alarm_cost.py [--versions 0.5.9,0.5.23] [--rounds 15] [--calls 20000] [--json FILE]
+Usage: python -m benchmarks.accept_alarm_cost [--versions 0.5.9,0.5.23] [--rounds 15] [--calls 20000] [--json FILE]
        [--no-install]
 """
 from __future__ import annotations
@@ -31,8 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from activation_cost import child_env, head_commit, install_checkout, sglang_python  # noqa: E402
+from benchmarks.activation_cost import child_env, head_commit, install_checkout, sglang_python
 
 CHILD = r'''
 import gc, json, os, sys, tempfile, time, types

@@ -10,7 +10,7 @@ alternate (ABAB...) so drift in machine load hits both alike. Inside the overlay
 overlay's post-import hooks (activation at ``import sglang``, then each patch's hook) is also summed.
 
 The installed sglang-pcie is built from this checkout's HEAD (committed state), whose hash is printed.
-Usage: python benchmarks/activation_cost.py [--versions 0.5.9,0.5.23] [--runs 7] [--json FILE] [--no-install]
+Usage: python -m benchmarks.activation_cost [--versions 0.5.9,0.5.23] [--runs 7] [--json FILE] [--no-install]
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from support import REPO, cuda_stub
 
 # The child: times the two imports, and (overlay active) the time inside the overlay's hooks, outermost calls only.
 CHILD = r'''
@@ -107,8 +106,6 @@ def stub_dir(python: Path) -> Path:
     """tests/support/cuda_stub.py's stub libcuda for this venv; retried, as a pip run in the shared venv (a parallel test
     session installing its wheel) can remove a folder while the stub builder walks site-packages."""
     import time
-
-    from support import cuda_stub
 
     for attempt in range(5):
         try:

@@ -8,7 +8,7 @@ round the ranks meet at a gloo barrier, so a round times the comparison, not the
 cost to the start is its slowest rank's time (the others wait for it at NCCL's first collective anyway). Ranks are
 split over two "nodes" (--node-rank), half of the second node's ranks with NCCL_PROTO=LL in "differ" rounds.
 
-Usage: python benchmarks/agreement_cost.py --python PY [--ranks 2,4,8] [--rounds 20] [--out FILE]
+Usage: python -m benchmarks.agreement_cost --python PY [--ranks 2,4,8] [--rounds 20] [--out FILE]
 (PY: e.g. ~/.cache/sglang-pcie/envs/sglang-0.5.9/bin/python; the checkout's sglang_pcie is put on its path.)
 """
 from __future__ import annotations

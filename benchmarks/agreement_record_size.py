@@ -1,13 +1,8 @@
 """Bytes of one node-agreement record (what each rank writes to torch's store), for the settings a node typically
-has, as ``Record.to_json`` sends them. Run: python benchmarks/agreement_record_size.py (no torch needed)."""
+has, as ``Record.to_json`` sends them. Run: python -m benchmarks.agreement_record_size (no torch needed)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sglang_pcie.runtime.agreement import Record  # noqa: E402
+from sglang_pcie.runtime.agreement import Record
 
 VERSIONS = {"sglang-pcie version": ("0.1.0", None), "sglang version": ("0.5.23", None),
             "NCCL version (torch's)": ("2.27.3", None)}

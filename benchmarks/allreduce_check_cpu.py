@@ -1,7 +1,7 @@
 """The figures of `make-test-models --all-reduce-check` on the CPU: greedy margins, each shard's partial, what a
 simulated all-reduce fault does, and the same faults on the plain `--acceptance mixed` model.
 
-usage: python benchmarks/allreduce_check_cpu.py --python SGLANG_ENV_PYTHON [--preset tiny|e2e] [--seed N]
+usage: python -m benchmarks.allreduce_check_cpu --python SGLANG_ENV_PYTHON [--preset tiny|e2e] [--seed N]
                                               [--new-tokens N] [--out FILE]
 
 Writes both model pairs into a temporary folder (seeded: the same bytes every time), then runs
@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from sglang_pcie.tools import make_test_models  # noqa: E402
+from sglang_pcie.tools import make_test_models
+from support import SUPPORT
 
-SCRIPT = REPO / "tests" / "support" / "scripts" / "allreduce_faults.py"
+SCRIPT = SUPPORT / "scripts" / "allreduce_faults.py"
 
 
 def run(python: str, root: Path, *extra: str) -> dict:

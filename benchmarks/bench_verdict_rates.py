@@ -1,24 +1,20 @@
 #!/usr/bin/env python3
-"""How often bench's verdict rule calls a difference, on the constructed runs of tests/tools/bench/test_verdicts.py
-(its simulated_run: a counterbalanced baseline / x run, each server's throughput 100 tok/s x exp(noise x z)), with
-the figures the test only bounds printed: A/A runs at 2% noise (normal, heavy-tailed, with a linear drift) at 2, 3,
-5 and 10 pairs, the t-interval rule against the former min-max rule; real effects at 1% noise (+10% at 3 pairs,
-+5% at 10) resolved in the right direction; and the issue's overlay and profiler pairs as the rule reads them.
+"""How often bench's verdict rule calls a difference, on the constructed runs that tests/tools/bench/test_verdicts.py
+bounds (tests/support/simulated_bench.py: a counterbalanced baseline / x run, each server's throughput 100 tok/s x
+exp(noise x z)), with the figures the test only bounds printed: A/A runs at 2% noise (normal, heavy-tailed, with a
+linear drift) at 2, 3, 5 and 10 pairs, the t-interval rule against the former min-max rule; real effects at 1% noise
+(+10% at 3 pairs, +5% at 10) resolved in the right direction; and the issue's overlay and profiler pairs as the rule
+reads them.
 
-usage: python3 benchmarks/bench_verdict_rates.py [--seeds 1000]   (from a checkout; no torch needed)
+usage: python3 -m benchmarks.bench_verdict_rates [--seeds 1000]   (from a checkout; no torch needed)
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "tools" / "bench")]
-
-from sglang_pcie.tools.bench.analysis import compute_ratios  # noqa: E402
-from sglang_pcie.tools.bench.verdicts import ratio_summary  # noqa: E402
-from test_verdicts import LATENCY, TOK_S, VARIANTS, simulated_run  # noqa: E402
+from sglang_pcie.tools.bench.analysis import compute_ratios
+from sglang_pcie.tools.bench.verdicts import ratio_summary
+from support.simulated_bench import LATENCY, TOK_S, VARIANTS, simulated_run
 
 
 def main():
@@ -26,7 +22,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=1000, help="runs per row (the A/A test's 1000)")
     args = parser.parse_args()
     seeds = args.seeds
-    print(f"# python3 benchmarks/bench_verdict_rates.py --seeds {seeds}")
+    print(f"# python3 -m benchmarks.bench_verdict_rates --seeds {seeds}")
     print(f"A/A, 2% noise: runs (of {seeds}) where a difference is called in batch output tok/s")
     print(f"{'shape':<12} {'pairs':>5} {'t rule':>8} {'min-max':>8}")
     for shape in ("normal", "heavy tails", "drift"):

@@ -42,7 +42,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from sglang_pcie.tools.safetensors_io import (element_size, pack, read_header, read_metadata,  # noqa: E402
                                               read_tensor, write_safetensors)

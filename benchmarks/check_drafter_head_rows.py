@@ -1,7 +1,7 @@
 """Which drafters check-drafter's "lm_head rows" check can judge: the models make-test-models writes, each with its
 own d2t and with wrong but valid ones, no tokenizer and no reference drafter.
 
-    python benchmarks/check_drafter_head_rows.py [--preset tiny] [--out DIR] [--sglang-source DIR]
+    python -m benchmarks.check_drafter_head_rows [--preset tiny] [--out DIR] [--sglang-source DIR]
 
 For each ``--acceptance`` (random: the drafter's lm_head rows are random; mixed and full: they are the target's
 embedding rows of its hot tokens) and each map: the drafter's own d2t; d2t shifted by one within its hot set (draft

@@ -1,6 +1,6 @@
 """What check-drafter costs against a Kimi-K2-shaped 1 TB target: wall seconds and peak memory of the whole command.
 
-    python benchmarks/check_drafter_kimi_cost.py [--out DIR] [--runs 5] [--sglang-version 0.5.23 | --sglang-source DIR]
+    python -m benchmarks.check_drafter_kimi_cost [--out DIR] [--runs 5] [--sglang-version 0.5.23 | --sglang-source DIR]
 
 Writes (once, into --out; default a temporary folder, removed) a target with Kimi-K2's config (DeepseekV3ForCausalLM,
 hidden 7168, 61 layers, 384 routed experts of 2048 in FP8 with block scales, vocab 163,840) as 64 safetensors shards
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from sglang_pcie.tools import safetensors_io as st
+from support import REPO, SUPPORT
 
-REPO = Path(__file__).resolve().parent.parent
-DRAFT_CONFIG = REPO / "tests" / "support" / "data" / "eagle3-configs" / "specforge-kimi-k25-eagle3.json"
+DRAFT_CONFIG = SUPPORT / "data" / "eagle3-configs" / "specforge-kimi-k25-eagle3.json"
 HIDDEN, LAYERS, EXPERTS, MOE, DENSE, VOCAB, HEADS = 7168, 61, 384, 2048, 18432, 163840, 64
 Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD = 1536, 512, 64, 128, 128
 SHARDS = 64

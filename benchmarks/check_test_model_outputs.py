@@ -1,7 +1,7 @@
 """Every output of a `sglang-pcie bench` run on `make-test-models --acceptance mixed|full --all-reduce-check` models
 against the tokens the model files predict, and each run's accept length against the one that chain predicts.
 
-usage: python benchmarks/check_test_model_outputs.py RUN_DIR MODELS_DIR [--json]
+usage: python -m benchmarks.check_test_model_outputs RUN_DIR MODELS_DIR [--json]
 
 Bench compares each run with the first baseline run; this compares each run with the truth: a fault shared by every
 variant is caught too, and a TP=1 run (nothing to all-reduce) still shows that the GPU kernels, CUDA graphs and

@@ -4,7 +4,7 @@ the histogram, one ``bytes`` conversion and a ``count`` per value) against the s
 against counting with a ``Counter`` (the first version of the histogram), on a batch of TOKEN_BATCH copies of
 accept_lens as benchmarks/eagle3_profile_host_time.py's worker returns them (Python lists of 4: 2, 1, 2, 2).
 
-usage: python3 benchmarks/eagle3_profile_hist_cost.py [--repeats 2000] [--runs 5]
+usage: python3 -m benchmarks.eagle3_profile_hist_cost [--repeats 2000] [--runs 5]
 Prints, per run, the fastest batch of each (microseconds), and the fastest and median over the runs.
 """
 from __future__ import annotations
@@ -12,14 +12,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-
-from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, histogram, host_counts  # noqa: E402
+from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, histogram, host_counts
 
 
 class HostAcceptLens(list):

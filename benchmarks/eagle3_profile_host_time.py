@@ -13,7 +13,7 @@ the reported host time of A's fastest round.
 Two samplings: as shipped (the host budget asks for the least sampling; the floor of timed cycles per interval sets
 1 in 41 at the default interval of 1000) and every cycle timed.
 
-usage: python3 benchmarks/eagle3_profile_host_time.py [--cycles 2000] [--rounds 41] [--out FILE]
+usage: python3 -m benchmarks.eagle3_profile_host_time [--cycles 2000] [--rounds 41] [--out FILE]
 Prints one line per sampling and writes the rounds as JSON to --out.
 """
 from __future__ import annotations
@@ -27,10 +27,8 @@ import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-
-from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
-from sglang_pcie.runtime.eagle_profiler.clocks import HostClock  # noqa: E402
+from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.runtime.eagle_profiler.clocks import HostClock
 
 SAMPLINGS = {"as shipped": None, "every cycle timed": 1}
 INTERVAL = ep.DEFAULT_INTERVAL  # EAGLE3_PROFILE_INTERVAL as shipped

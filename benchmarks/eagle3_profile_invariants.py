@@ -13,7 +13,7 @@ rounding (docs/eagle3-profile.md, "Invariants a GPU run can assert"):
 Prints one line per record of the newest run (--all: every run) and a verdict; exit 0 when every record holds them,
 1 when one does not, 2 for an unreadable file or no schema 3 or 4 records.
 
-usage: python3 benchmarks/eagle3_profile_invariants.py FILE [--all]
+usage: python3 -m benchmarks.eagle3_profile_invariants FILE [--all]
 """
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-
-from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
+from sglang_pcie.runtime import eagle_profiler as ep
 
 EPSILON = 1e-9
 MAJORS = (3, 4)  # the schemas with the timed cycles' own wall time

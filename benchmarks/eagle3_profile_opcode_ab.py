@@ -9,7 +9,7 @@ prints both samplings' shares, twice, each in a fresh process (a second session 
 differently): with the CUDA-event stand-ins at the test's 2,000 instructions per mark, and at 0 (the marks' own
 Python only).
 
-usage: python3 benchmarks/eagle3_profile_opcode_ab.py   (from a checkout, with pytest; no torch needed)
+usage: python3 -m benchmarks.eagle3_profile_opcode_ab   (from a checkout, with pytest; no torch needed)
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def run(mark_ticks):
 if len(sys.argv) == 3 and sys.argv[1] == "--mark-ticks":
     run(int(sys.argv[2]))
     sys.exit(0)
-print(f"# python3 benchmarks/eagle3_profile_opcode_ab.py (runs {TEST} under pytest {pytest.__version__}, each setting "
+print(f"# python3 -m benchmarks.eagle3_profile_opcode_ab (runs {TEST} under pytest {pytest.__version__}, each setting "
       f"in a fresh process, as the test runs alone); Python {platform.python_version()}; reported / added host time "
       "in bytecode instructions", flush=True)
 for ticks in (2000, 0):

@@ -34,7 +34,7 @@ Needs only torch and a CUDA GPU (about 2 minutes per regime on an H200).  --dry-
 a GPU (host spins instead of kernels; timing figures meaningless, timing checks skipped).  The profiler's host time
 against an A/B on a CPU: benchmarks/eagle3_profile_host_time.py.
 
-usage: python3 benchmarks/eagle3_profile_overhead.py [--regime gpu-bound|host-bound|both] [--cycles 2000]
+usage: python3 -m benchmarks.eagle3_profile_overhead [--regime gpu-bound|host-bound|both] [--cycles 2000]
            [--interval 1000] [--repeats 3] [--phase-scale S --host-ms MS] [--out FILE] [--host-profile] [--dry-run]
 """
 from __future__ import annotations
@@ -51,15 +51,11 @@ import types
 from pathlib import Path
 from time import perf_counter_ns as time_ns
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-
-from eagle3_profile_breakdown import host_profile, print_host_profile, quantile_summary  # noqa: E402
-from eagle3_synthetic import (ACCEPT_LENS, BATCH_SIZE, PROFILED, TARGET_MS, DecodeMode, Gpu, HostOnly,  # noqa: E402
-                              spin, worker_class)
-
-from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
-from sglang_pcie.tools import profile_report  # noqa: E402
+from benchmarks.eagle3_profile_breakdown import host_profile, print_host_profile, quantile_summary
+from benchmarks.eagle3_synthetic import (ACCEPT_LENS, BATCH_SIZE, PROFILED, TARGET_MS, DecodeMode, Gpu, HostOnly,
+                                         spin, worker_class)
+from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.tools import profile_report
 
 REGIMES = {"gpu-bound": (0.6, 1.5), "host-bound": (0.12, 4.0)}  # (phase scale, host ms per cycle)
 MODES = ("off", "eagle3-profile", "eagle3-profile-every-cycle", "host-synchronised")

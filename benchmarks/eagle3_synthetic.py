@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 import types
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, nothing installed
-
-from sglang_pcie.runtime import eagle_profiler as ep  # noqa: E402
+from sglang_pcie.runtime import eagle_profiler as ep
 
 TARGET_MS = {"draft": 0.89, "verify": 18.67, "draft_extend": 0.28}  # the seed measurement, times --phase-scale
 KERNELS = {"draft": 5, "verify": 61, "draft_extend": 2}  # a graph is several kernels, as a model's layers

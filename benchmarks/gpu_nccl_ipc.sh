@@ -67,7 +67,7 @@ T=$(( $(left) - 60 )); [ $T -gt 120 ] && T=120
 if [ $T -gt 40 ] && [ $FI_OK = 1 ]; then
   # Each IPC run tunes max(tokens) x hidden first (7 row counts at 64 tokens, more than tune-nccl's 4): one run may
   # take most of the step; 7168 (Kimi-K2.5, tune-nccl's size) first.
-  timeout $T $PY benchmarks/ipc_allreduce.py --out "$OUT/ipc-bench" --hidden 7168,4096 --timeout $(( T - 20 )) \
+  timeout $T $PY -m benchmarks.ipc_allreduce --out "$OUT/ipc-bench" --hidden 7168,4096 --timeout $(( T - 20 )) \
     > "$OUT/ipc.md"
   echo "exit $?"; cat "$OUT/ipc.md"
 else echo "skipped: $(left) s left, FlashInfer usable: $FI_OK"; fi

@@ -64,8 +64,8 @@ work() {
     [ -f "$f" ] && python3 -m sglang_pcie profile-report "$f" && python3 "$REPO/benchmarks/eagle3_profile_invariants.py" "$f"
   done > $W/profiles.txt 2>&1
   # the same profiler in a quiet process: the synthetic host-bound loop (off / profiled A/B, and the breakdown)
-  timeout 240 python3 "$REPO/benchmarks/eagle3_profile_overhead.py" --regime host-bound --repeats 1 --host-profile \
-    --out $W/synthetic.json > $W/synthetic.txt 2>&1
+  ( cd "$REPO" && timeout 240 python3 -m benchmarks.eagle3_profile_overhead --regime host-bound --repeats 1 \
+    --host-profile --out $W/synthetic.json ) > $W/synthetic.txt 2>&1
   nproc > $W/host.txt; uptime >> $W/host.txt
   touch $W/DONE
 }

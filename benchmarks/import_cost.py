@@ -4,7 +4,7 @@
 Runs ``python -X importtime -c "import NAME"`` ROUNDS times per module in fresh interpreters and prints the
 cumulative import time of NAME itself (microseconds, from -X importtime's last line for it): median, min, max.
 
-usage: python benchmarks/import_cost.py [--rounds 15] [--python PY] NAME...
+usage: python -m benchmarks.import_cost [--rounds 15] [--python PY] NAME...
 """
 import argparse
 import statistics

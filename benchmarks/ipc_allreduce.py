@@ -1,6 +1,6 @@
 """FlashInfer's PCIe-IPC all-reduce against NCCL (its defaults), latency per all-reduce in CUDA graphs, sums checked.
 
-    python benchmarks/ipc_allreduce.py [--hidden 4096,7168] [--tokens 1,2,4,8,16,32,64] [--tp N] [--out DIR]
+    python -m benchmarks.ipc_allreduce [--hidden 4096,7168] [--tokens 1,2,4,8,16,32,64] [--tp N] [--out DIR]
                                       [--paths nccl,pcie-ipc] [--no-tune] [--soak N] [--timeout S]
 
 For each hidden size, one NCCL run and one IPC run, each in fresh processes (one per GPU), through the same workers
@@ -21,19 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from sglang_pcie.runtime import gpus
-from sglang_pcie.tools import tune_nccl  # noqa: E402
-from sglang_pcie.tools.tune_nccl import launch  # noqa: E402
-from sglang_pcie.tools.tune_nccl.ipc import sglang_tune_ladder  # noqa: E402
-from sglang_pcie.tools.tune_nccl.measure import IPC_NAME  # noqa: E402
+from sglang_pcie.tools import tune_nccl
+from sglang_pcie.tools.tune_nccl import launch
+from sglang_pcie.tools.tune_nccl.ipc import sglang_tune_ladder
+from sglang_pcie.tools.tune_nccl.measure import IPC_NAME
 
 
 PATHS = ("nccl", IPC_NAME)
@@ -67,10 +66,13 @@ def parse_args(argv):
     p.add_argument("--paths", type=_paths, default=list(PATHS),
                    help=f"which paths to run, comma-separated (default {','.join(PATHS)})")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    p.add_argument("--worker-command", type=shlex.split, metavar="COMMAND",
+                   help="the worker program each rank runs, shell-quoted (default: tune-nccl's own worker; the tests "
+                        "pass a scripted fake)")
     return p.parse_args(argv)
 
 
-def main(argv=None, worker_command=None) -> int:
+def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     topology = gpus.probe_topology()
     world = args.tp or topology.gpu_count
@@ -90,7 +92,7 @@ def main(argv=None, worker_command=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # A scratch tune cache for the workers: the benchmark's workspace sizes must not land in the cache a server reads.
     scratch = {"FLASHINFER_AUTOTUNE_DIR": str(out / "flashinfer-autotune")}
-    command = worker_command or list(tune_nccl.WORKER_COMMAND)
+    command = args.worker_command or list(tune_nccl.WORKER_COMMAND)
     results = {"world": world, "gpus": topology.gpu_names, "nvlink": topology.nvlink, "p2p": topology.p2p,
                "tokens": args.tokens, "layers": args.layers, "runs": []}
     top = max(args.tokens)

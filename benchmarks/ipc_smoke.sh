@@ -67,7 +67,7 @@ run_ipc() {  # $1: at most this many seconds, $2: label, rest: ipc_allreduce.py 
   step "$label"
   if [ $T -lt 20 ]; then echo "skipped: $(left) s left (BUDGET=$BUDGET)"; return; fi
   local began=$(date +%s)
-  timeout $(( T + 2 )) $PY benchmarks/ipc_allreduce.py --paths pcie-ipc --hidden "$HIDDEN" --tokens "$TOKENS" \
+  timeout $(( T + 2 )) $PY -m benchmarks.ipc_allreduce --paths pcie-ipc --hidden "$HIDDEN" --tokens "$TOKENS" \
     --timeout $(( T - 2 )) --show-stderr "$@"
   local rc=$?
   LAST_S=$(( $(date +%s) - began ))

@@ -3,7 +3,7 @@
 
 Two throw-away venvs (same interpreter, same pip), one with this checkout's wheel. Prints the median wall time
 over interleaved runs and, where valgrind is installed, instructions counted by callgrind (stable on a busy
-machine). Usage: python benchmarks/startup_overhead.py [--runs 200]
+machine). Usage: python -m benchmarks.startup_overhead [--runs 200]
 """
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from support.overlay_venv import make_venv  # noqa: E402
+from support import REPO
+from support.overlay_venv import make_venv
 
 
 def build_wheel(out: Path) -> Path:

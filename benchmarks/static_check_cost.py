@@ -2,7 +2,7 @@
 for two checkouts side by side (e.g. before and after a change to the source reader).
 
     git worktree add /tmp/before <commit before the change>
-    python benchmarks/static_check_cost.py --checkout /tmp/before --checkout . [--runs 7] [--release 0.5.23 ...]
+    python -m benchmarks.static_check_cost --checkout /tmp/before --checkout . [--runs 7] [--release 0.5.23 ...]
 
 Each run is a fresh process (PYTHONPATH=checkout) on a release source in the test cache (SGLANG_PCIE_CACHE or
 ~/.cache/sglang-pcie/src/X, fetched by verify-patches --sglang-version X first). Checkouts alternate run by run,

@@ -1,7 +1,7 @@
 """Accept lengths of the `make-test-models --acceptance tokenwise` drafter on the CPU: healthy, layer ids shifted by
 one, 10% and 40% of d2t permuted within its hot set.
 
-usage: python benchmarks/tokenwise_drafter_cpu.py --python SGLANG_ENV_PYTHON [--preset P] [--layers N] [--seed N]
+usage: python -m benchmarks.tokenwise_drafter_cpu --python SGLANG_ENV_PYTHON [--preset P] [--layers N] [--seed N]
                                                   [--prompts N] [--new-tokens N] [--bf16] [--out FILE]
 
 Writes the pair (`--preset tiny --layers 6` by default: hidden 256, 6 layers, draft vocabulary 8192) into a
@@ -20,11 +20,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from sglang_pcie.tools import make_test_models  # noqa: E402
+from sglang_pcie.tools import make_test_models
+from support import REPO, SUPPORT
 
-SCRIPT = REPO / "tests" / "support" / "scripts" / "eagle3_accept.py"
+SCRIPT = SUPPORT / "scripts" / "eagle3_accept.py"
 BREAKS = ("layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct")
 
 
@@ -44,9 +43,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_test_models.make_models(root, shape, args.seed, "tokenwise")
-        broke = subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(root / "draft"),
+        broke = subprocess.run([sys.executable, "-m", "benchmarks.break_drafter", str(root / "draft"),
                                 "--only", *BREAKS, "--seed", str(args.seed)], check=True, capture_output=True,
-                               text=True).stdout
+                               text=True, cwd=REPO).stdout
         drafts = [str(root / "draft")] + [str(root / f"draft-{b}") for b in BREAKS]
         proc = subprocess.run([args.python, str(SCRIPT), str(root / "target"), *drafts, "--prompts",
                                str(args.prompts), "--new-tokens", str(args.new_tokens),

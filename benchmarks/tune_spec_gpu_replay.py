@@ -1,7 +1,7 @@
 """The figures of tune-spec's GPU evidence (docs/evidence.md section 5), recomputed from the committed raw files of
 benchmarks/gpu_tune_spec.sh's run on one H200 (2026-12-03, commit ac17efc's tune-spec):
 
-    python3 benchmarks/tune_spec_gpu_replay.py > benchmarks/results/2026-12-03-h200/tune-spec/replay.txt
+    python3 -m benchmarks.tune_spec_gpu_replay > benchmarks/results/2026-12-03-h200/tune-spec/replay.txt
 
 1. the exhaustive sweep (none, chains 1, 2, 3, 5, 7; two servers each, counterbalanced): medians per workload;
 2. tune-spec's pick per workload, its ratio to the sweep's best (both by the sweep's own medians), server starts;

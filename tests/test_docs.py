@@ -8,7 +8,8 @@ import pytest
 
 from support import REPO
 
-PAGES = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "COMPATIBILITY.md"]
+PAGES = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "COMPATIBILITY.md",
+         REPO / "benchmarks" / "README.md"]
 NAMED = re.compile(r"`((?:sglang_pcie|tests|ci|benchmarks|patches|docs|sitecustomize)/[^`\s]*)`")
 LINKED = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)")
 

@@ -9,7 +9,6 @@ import importlib.util
 import shlex
 import shutil
 import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm as aa
 from sglang_pcie.runtime.settings import load_settings
 
-from support import REPO
+from support import REPO, run_benchmark
 
 TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
 # The release's name for the accepted drafts on SGLang's output batch.
@@ -513,8 +512,7 @@ def test_break_drafter_writes_drafters_that_serve_the_same_tokens_and_are_never_
     from sglang_pcie.tools.safetensors_io import read_tensor
 
     make_models(tmp_path / "m", PRESETS["tiny"], seed=1, acceptance="mixed")
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "m" / "draft")],
-                   check=True, capture_output=True)
+    assert run_benchmark("break_drafter", tmp_path / "m" / "draft").returncode == 0
     roots = {}
     for name in ("draft", "draft-d2t-shifted", "draft-head-shifted"):
         root = roots[name] = tmp_path / f"pair-{name}"

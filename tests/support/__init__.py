@@ -1,5 +1,11 @@
 """What the tests share, and the benchmarks reuse: the fakes that stand in for a server, an NCCL worker and the CUDA
-driver, throw-away environments, and the paths of this checkout."""
+driver, throw-away environments, constructed runs, and the paths of this checkout.
+
+The one package of tests/ the benchmark scripts import (as ``support``: benchmarks/__init__.py puts tests/ on their
+path as pytest's ``pythonpath`` does here); the tests, in turn, never import a benchmark script: they run it, through
+``run_benchmark`` (tests/test_benchmarks.py checks both ways)."""
+import subprocess
+import sys
 from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
@@ -15,3 +21,10 @@ def _register_ids() -> list[str]:
 
 # the register's patches in order, from the register: a sixth patch needs no edit here
 PATCH_IDS = _register_ids()
+
+
+def run_benchmark(name: str, *args, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<name> args...`` from the checkout root, as benchmarks/README.md runs it (this
+    checkout's sglang_pcie, uninstalled), with this interpreter; output captured as text."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)

@@ -4,11 +4,8 @@ simulated tensor-parallel faults, and the benchmark helpers that use them on GPU
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import struct
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 from sglang_pcie.tools import make_test_models as test_models
 from sglang_pcie.tools.cli import main as cli_main
 from sglang_pcie.tools.safetensors_io import read_header, read_tensor
-from support import REPO
+from support import REPO, run_benchmark
 
 
 
@@ -408,8 +405,7 @@ def test_tokenwise_drafter_partly_wrong_lowers_the_accept_length(sglang_env, tmp
     shape = replace(test_models.PRESETS["tiny"], layers=6)
     test_models.make_models(tmp_path, shape, seed=0, acceptance="tokenwise")
     breaks = ["layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct"]
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "draft"),
-                    "--only", *breaks], check=True, capture_output=True)
+    assert run_benchmark("break_drafter", tmp_path / "draft", "--only", *breaks).returncode == 0
     names = ["draft"] + [f"draft-{b}" for b in breaks]
     result = sglang_env("0.5.23").run_script_json("eagle3_accept.py", tmp_path / "target",
                                                   *(tmp_path / n for n in names), "--prompts", "4",
@@ -443,9 +439,10 @@ def test_break_drafter_layer_ids_and_partial_d2t(tmp_path):
 
     make_models(tmp_path / "m", replace(test_models.PRESETS["tiny"], layers=6, draft_vocab=1000), seed=4,
                 acceptance="tokenwise")
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "break_drafter.py"), str(tmp_path / "m" / "draft"),
-                          "--only", "layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct", "--seed", "2"],
-                         check=True, capture_output=True, text=True).stdout
+    proc = run_benchmark("break_drafter", tmp_path / "m" / "draft", "--only", "layer-ids-plus1", "d2t-permuted-10pct",
+                         "d2t-permuted-40pct", "--seed", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     assert "[0, 2, 3] -> [1, 3, 4]" in out and "100 of 1000 draft ids" in out and "400 of 1000" in out
     base = tmp_path / "m" / "draft"
     shifted = tmp_path / "m" / "draft-layer-ids-plus1"
@@ -470,14 +467,7 @@ def test_break_drafter_layer_ids_and_partial_d2t(tmp_path):
         (base / "config.json").read_bytes()
 
 
-def _benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_outputs_checked_against_the_files(tmp_path, capsys):
+def test_bench_outputs_checked_against_the_files(tmp_path):
     """benchmarks/check_test_model_outputs.py on a bench run folder: each request's tokens against the chain the
     files predict from its last prompt token, each run's accept length against the one the chain implies."""
     from sglang_pcie.tools.bench.plan import Workload
@@ -505,13 +495,13 @@ def test_bench_outputs_checked_against_the_files(tmp_path, capsys):
     (tmp_path / "run" / "results.json").write_text(json.dumps({
         "workload": workload.as_dict(), "runs": runs,
         "launch_args": ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(steps)]}))
-    check = _benchmark("check_test_model_outputs")
-    assert check.main([str(tmp_path / "run"), str(models)]) == 1
-    ok, bad = capsys.readouterr().out.strip().splitlines()
+    check = run_benchmark("check_test_model_outputs", tmp_path / "run", models)
+    assert check.returncode == 1, check.stderr
+    ok, bad = check.stdout.strip().splitlines()
     assert ok.startswith("ok    01-baseline: 8/8 requests as predicted") and "MORE THAN" not in ok
     assert bad.startswith("WRONG 02-fault: 7/8 requests as predicted")
     assert "first wrong: stream request 1, token 4" in bad and "(MORE THAN 1% OFF)" in bad
-    assert check.main([str(tmp_path / "nothing"), str(models)]) == 2
+    assert run_benchmark("check_test_model_outputs", tmp_path / "nothing", models).returncode == 2
 
 
 def test_the_gpu_fault_hook_patches_sglangs_row_parallel_linear(sglang_env, tmp_path):

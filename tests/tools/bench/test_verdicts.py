@@ -4,7 +4,6 @@ run against the fake server checks the plumbing only."""
 from __future__ import annotations
 
 import math
-import random
 import re
 import statistics
 from pathlib import Path
@@ -12,34 +11,11 @@ from pathlib import Path
 import pytest
 
 from support import fake_sglang_server
+from support.simulated_bench import LATENCY, TOK_S, VARIANTS, server, simulated_run
 
 from sglang_pcie.tools.bench.analysis import METRICS, compute_ratios
-from sglang_pcie.tools.bench.plan import Resolve, counterbalanced, resolve_variants
+from sglang_pcie.tools.bench.plan import Resolve
 from sglang_pcie.tools.bench.verdicts import CANNOT_RESOLVE, auto_stop, noise_margin, ratio_summary, t_quantile
-
-VARIANTS = resolve_variants(["x:base=overlay"])  # baseline, x
-TOK_S, LATENCY = "batch output tok/s", "batch latency p50 ms"
-
-
-def server(index, repeat, variant, tok_s):
-    """A run's record with a constructed throughput (and the latency it implies)."""
-    return {"index": index, "repeat": repeat, "variant": variant, "ok": True, "env": {},
-            "metrics": {"batch": {"output_tok_s": tok_s, "latency_ms_p50": 1e3 / tok_s}, "stream": {}}}
-
-
-def simulated_run(seed, pairs, noise, effect=1.0, drift=0.0, heavy=False) -> list[dict]:
-    """The records of a counterbalanced baseline / x run of ``pairs`` repeats: each server's throughput is 100
-    tok/s times exp(noise * z) (z normal, or with ``heavy`` Student-t with 3 degrees of freedom: rare large
-    outliers), times exp(drift * its position in the run), times ``effect`` for x."""
-    rng = random.Random(seed)
-    records = []
-    for repeat, name in counterbalanced(["baseline", "x"], pairs):
-        z = rng.gauss(0, 1)
-        if heavy:
-            z /= math.sqrt(rng.gammavariate(1.5, 1 / 1.5))  # chi-squared(3) / 3
-        value = 100 * math.exp(noise * z + drift * len(records)) * (effect if name == "x" else 1.0)
-        records.append(server(len(records) + 1, repeat + 1, name, value))
-    return records
 
 
 def test_t_quantiles_are_students():
