@@ -8,13 +8,12 @@ CALLS calls: the verify alone, the watch counting every verify (stride 1), and t
 measurement picks for a 10 ms verify interval (the looks left out of these), a verify it lets pass, and one look's
 time apart.
 
-usage: python benchmarks/draft_watch_cost.py [--rounds 15] [--calls 2000]   (needs torch and numpy: a SGLang env)
+usage: <SGLang env python> -m benchmarks.draft_watch_cost [--rounds 15] [--calls 2000]   (needs torch and numpy: a SGLang env)
 """
 import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace as NS
 
 
@@ -45,7 +44,7 @@ def main():
         times = []
         for _ in range(args.rounds):
             if stride is not None:
-                watch = dw.DraftWatch(look_seconds=3600.0)
+                watch = dw.DraftWatch(look_seconds=3600.0, first_stride=1)
                 dw.set_watch(watch)
                 fn(worker, batches[0])  # the one-time set-up, outside the timing
                 watch.stride, watch._restride = stride, lambda: None
@@ -66,9 +65,10 @@ def main():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    counts = np.zeros(2 * VOCAB, dtype=np.int64)
+    counts = np.zeros(3 * VOCAB, dtype=np.int64)  # [proposed | accepted | context buckets] per token
     counts[:VOCAB] = rng.multinomial(200_000, 1.0 / np.arange(1, VOCAB + 1) / np.sum(1.0 / np.arange(1, VOCAB + 1)))
-    counts[VOCAB:] = rng.binomial(counts[:VOCAB], 0.6)
+    counts[VOCAB:2 * VOCAB] = rng.binomial(counts[:VOCAB], 0.6)
+    counts[2 * VOCAB:] = np.minimum(counts[:VOCAB], dw.CONTEXT_BUCKETS)
     look_ms = []
     for _ in range(args.rounds):
         watch = dw.DraftWatch()

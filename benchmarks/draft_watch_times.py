@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seconds to each sglang-pcie warning, and draft-token-watch's own measured cost, from a bench run's server logs.
 
-For every server (bench's RUNS/*/server.log): when it was ready ("The server is fired up"), how long it served (its
+For every server (bench's RUNS/*/server.log, or server.log.gz as committed): when it was ready ("The server is fired up"), how long it served (its
 last request), and for draft-token-watch and accept-length-alarm the seconds from ready to their first warning (or
 none).  Then the watch's INFO lines at looks 1, 2, 4, ... (tokens tested, never accepted, and its own host time per
 counted verify and as a share of the time between verifies, as it measured them).  SGLang's log stamps have a
@@ -11,6 +11,7 @@ usage: python benchmarks/draft_watch_times.py BENCH_OUT_DIR   (standard library 
 """
 from __future__ import annotations
 
+import gzip
 import re
 import sys
 from datetime import datetime
@@ -29,7 +30,8 @@ def read_log(path: Path) -> dict:
     ready = last_request = None
     warned: dict[str, float] = {}
     looks = []
-    for line in path.read_text(errors="replace").splitlines():
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    for line in raw.decode(errors="replace").splitlines():
         when = stamped(line)
         if when is None:
             continue
@@ -50,7 +52,7 @@ def main() -> int:
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "runs").is_dir():
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
-    runs = sorted((Path(sys.argv[1]) / "runs").glob("*/server.log"))
+    runs = sorted(p for p in (Path(sys.argv[1]) / "runs").glob("*/server.log*") if p.suffix in (".log", ".gz"))
     print(f"{'server':<16} {'served s':>8}  " + "  ".join(f"{s + ' after s':>26}" for s in SOURCES))
     details = []
     for log in runs:

@@ -348,13 +348,15 @@ def warning_message(server: dict, finding: dict, watch: DraftWatch) -> str:
     shown = ", ".join(f"{t} ({n}x)" for t, n in finding["top"])
     lines = [
         f"{LOG_PREFIX}: {server.get('algorithm') or 'EAGLE'} drafter {server.get('draft')} proposes "
-        f"{finding['dead']} target tokens as first drafts that are never accepted: {finding['dead_share']:.1%} of "
+        f"{finding['dead']} target tokens as first drafts that are never accepted in any of the many contexts it "
+        f"proposed them in: {finding['dead_share']:.1%} of "
         f"its {finding['proposals']:,} counted first drafts, while its first drafts are accepted "
         f"{finding['first_accept']:.0%} of the time. Most proposed: {shown} (token id, times).",
         "  A healthy drafter's often-proposed tokens are accepted in some contexts; tokens rejected whatever the "
-        "context point to a wrong vocabulary map (d2t / t2d), or a drafter built for another target revision.",
+        "context point to a wrong vocabulary map (d2t / t2d), a drafter built for another target revision, or a "
+        "drafter that is wrong about these tokens everywhere (its drafts of them are wasted either way).",
         f"  check the drafter against its target: {check_command(server)}" if server else "",
-        f"  (test: {finding['tested']} tokens proposed often enough to test, {finding['expected_dead']:.2g} never "
+        f"  (test: {finding['tested']} tokens proposed in enough different contexts to test, {finding['expected_dead']:.2g} never "
         f"accepted expected at most for a healthy drafter, P <= {finding['tail']:.1e}; look {finding['look']}; "
         f"{watch.cost_text()}; one warning per server; switch off: SGLANG_PCIE_DISABLE_PATCHES={PATCH_ID})",
     ]
