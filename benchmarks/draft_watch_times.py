@@ -7,10 +7,11 @@ none).  Then the watch's INFO lines at looks 1, 2, 4, ... (tokens tested, never 
 counted verify and as a share of the time between verifies, as it measured them).  SGLang's log stamps have a
 resolution of one second.
 
-usage: python benchmarks/draft_watch_times.py BENCH_OUT_DIR   (standard library only)
+usage: python -m benchmarks.draft_watch_times BENCH_OUT_DIR   (standard library only)
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import re
 import sys
@@ -49,10 +50,12 @@ def read_log(path: Path) -> dict:
 
 
 def main() -> int:
-    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "runs").is_dir():
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
-        return 2
-    runs = sorted(p for p in (Path(sys.argv[1]) / "runs").glob("*/server.log*") if p.suffix in (".log", ".gz"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_out", type=Path, help="a bench --out folder (with runs/*/server.log or .log.gz)")
+    args = parser.parse_args()
+    if not (args.bench_out / "runs").is_dir():
+        parser.error(f"{args.bench_out}: no runs/ folder")
+    runs = sorted(p for p in (args.bench_out / "runs").glob("*/server.log*") if p.suffix in (".log", ".gz"))
     print(f"{'server':<16} {'served s':>8}  " + "  ".join(f"{s + ' after s':>26}" for s in SOURCES))
     details = []
     for log in runs:

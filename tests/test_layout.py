@@ -123,6 +123,7 @@ CROSS_CUTTING = {
     "patching/test_hidden_drift.py": "every patch's static check on releases drifted the ways SGLang changes",
     "patching/test_release_matrix.py": "release tracking: the ci/ scripts, COMPATIBILITY.md and the workflows",
     "patching/mutations/test_mutations.py": "every patch and apply-diffs on upstream-style changes (YAML beside it)",
+    "patching/test_throwaway_patch.py": "a throw-away patch (tests/patching/throwaway/) through all the generic machinery",
     "tools/check_drafter/test_check_drafter_checks.py": "model_checks and layer_ids on one pair and its breakages",
     "tools/doctor/test_doctor_parsers.py": "doctor's readers (gpu_facts, host) on recorded nvidia-smi and lspci text",
 }
