@@ -20,7 +20,7 @@ The change is written once, as source text (``rewrite``): the versioned diffs ar
 the same text and puts the changed functions' code into the existing function objects (``__code__``), so the
 modules that imported the gate by name see the change as well. This module reads each release to find where the
 change goes; what it inserts (the helper, the lines at the gate, the resolver and the preflight) is
-``sm120_inserted``, and the code swap is ``code_swap``'s.
+``sm120_inserted`` (the helper itself is code, ``runtime/sm120_fusion.py``), and the code swap is ``code_swap``'s.
 
 Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
 (``disabled_reason``), and the text baked into an image by ``apply-diffs`` asks the same gate through the guard

@@ -336,8 +336,7 @@ def test_opt_in_asks_the_settings_through_the_guard(value, monkeypatch):
 
 def helper_block() -> str:
     """The helper as a diff inserts it, with the guard before it."""
-    return baked.guard_block(PATCH.id) + inserted.HELPER_BLOCK.replace("__ENTRY_POINTS__", "()").replace(
-        "__IS_SM120__", inserted.IS_SM120_BY_PROBE).replace("__OPTED_IN_DECORATOR__", baked.decorator(PATCH.id))
+    return baked.guard_block(PATCH.id) + inserted.helper_block((), inserted.IS_SM120_BY_PROBE)
 
 
 @pytest.mark.parametrize("version, majors", [("0.5.9", [9, 10]), ("0.5.23", [9, 10, 12])])
