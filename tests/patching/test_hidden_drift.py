@@ -24,6 +24,8 @@ from sglang_pcie.patching.matrix import check_tree
 from sglang_pcie.patching.releases import fetch_source
 
 from support import REPO
+
+pytestmark = pytest.mark.slow  # upstream tracking over every release tree: CI runs it, the fast loop leaves it out
 # What the patches' static checks read, copied instead of a release's 4,700 files.  The control test below
 
 

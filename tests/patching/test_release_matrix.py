@@ -23,6 +23,8 @@ from sglang_pcie.patching.engine import all_patches
 from sglang_pcie.patching.releases import COVERED_RELEASES, fetch_source, list_releases
 
 from support import REPO
+
+pytestmark = pytest.mark.slow  # upstream tracking over every release tree: CI runs it, the fast loop leaves it out
 CHECK = REPO / "ci" / "check-sglang-releases"
 PREPARE = REPO / "ci" / "prepare-release-diffs"
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
