@@ -73,15 +73,22 @@ def test_healthy_drafters_under_h0_never_warn_in_many_servers():
     assert warned == 0
 
 
+def context_buckets(rng, proposed):
+    """The context buckets each token's proposals fell in, each proposal after a random verified token."""
+    return np.array([len(set(rng.integers(0, dw.CONTEXT_BUCKETS, n).tolist())) for n in proposed])
+
+
 @pytest.mark.parametrize("wrong_share", [0.1, 0.4])
-def test_a_partly_wrong_map_warns_and_names_its_most_drafted_wrong_tokens(wrong_share):
+@pytest.mark.parametrize("trials", ["proposals", "contexts"])
+def test_a_partly_wrong_map_warns_and_names_its_most_drafted_wrong_tokens(wrong_share, trials):
     rng = np.random.default_rng(2)
     vocab = 4000
     proposed = zipf_traffic(rng, vocab, 20_000)
     accepted = healthy_accepts(rng, proposed, 0.7)
     wrong = rng.choice(vocab, int(wrong_share * vocab), replace=False)
     accepted[wrong] = 0  # a wrong map entry is rejected whatever the context
-    finding = dw.judge(proposed, accepted, look=1)
+    contexts = context_buckets(rng, proposed) if trials == "contexts" else None
+    finding = dw.judge(proposed, accepted, look=1, contexts=contexts)
     assert finding["warn"], finding
     assert set(t for t, _ in finding["top"]) <= set(wrong.tolist())
     assert finding["top"][0][1] == proposed[wrong].max()
