@@ -17,7 +17,12 @@ def member(spec):
     """The object "module:Class.member" (or "module:function") names, read from the class's or module's own
     namespace (no descriptor bound), or None where the module does not define it."""
     module, _, qualname = spec.partition(":")
-    obj = importlib.import_module(module)
+    try:
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as exc:  # a module of another release (0.5.23 has no layers.communicator)
+        if exc.name != module:
+            raise
+        return None
     for name in qualname.split("."):
         obj = vars(obj).get(name) if hasattr(obj, "__dict__") else None
         if obj is None:
@@ -36,10 +41,10 @@ def marked(obj, patch_id):
 
 acting = {}
 for patch_id, candidates in json.loads(sys.argv[2]).items():  # the register's ``marked``, per patch id
-    found = [obj for obj in map(member, candidates) if obj is not None]
-    if not found:
+    found = next((obj for obj in map(member, candidates) if obj is not None), None)  # the first one defined
+    if found is None:
         raise SystemExit(f"{patch_id}: none of {candidates} is defined: its diff is not baked in")
-    acting[patch_id] = marked(found[0], patch_id)
+    acting[patch_id] = marked(found, patch_id)
 print(json.dumps({"acting": acting, "sglang": sglang.__file__,
                   "sglang_pcie_loaded": sorted(n for n, m in sys.modules.items()
                                                if n.split(".")[0] == "sglang_pcie" and m is not None)}))
