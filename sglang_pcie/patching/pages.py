@@ -1,11 +1,16 @@
-"""Pages generated from the patch register: docs/patches.md (``ci/generate-docs``) and the register's table at the
-top of COMPATIBILITY.md (``ci/check-sglang-releases``). Tests fail when a committed page is not what this renders."""
+"""Pages generated from the patch register: docs/patches.md and README.md's patch table (``ci/generate-docs``), and
+the register's table at the top of COMPATIBILITY.md (``ci/check-sglang-releases``). Tests fail when a committed page
+is not what this renders."""
 from __future__ import annotations
 
 from sglang_pcie.patching import register
 from sglang_pcie.patching.register import Entry
 
 PATCHES_PAGE = "docs/patches.md"
+README = "README.md"
+# README.md's patch table lies between these two lines; ci/generate-docs rewrites what is between them.
+README_BEGIN = "<!-- the patch table: generated from the register by ci/generate-docs, do not edit by hand -->"
+README_END = "<!-- end of the patch table -->"
 
 
 def register_table() -> str:
@@ -25,6 +30,24 @@ def patches_page() -> str:
     for e in register.REGISTER:
         parts.append(_section(e))
     return "\n".join(parts)
+
+
+def readme_table() -> str:
+    """README.md's short table: per patch its summary, a link to its page and its switch, in the register's order."""
+    lines = ["| id | what it does | switch |", "|---|---|---|"]
+    for e in register.REGISTER:
+        switch = f"`{e.opt_in.variable}=1`" if e.opt_in else "default"
+        lines.append(f"| `{e.id}` | {_cell(e.summary)} ([page](docs/{e.id}.md)) | {switch} |")
+    return "\n".join(lines) + "\n"
+
+
+def with_readme_table(readme: str) -> str:
+    """``readme`` (README.md's text) with what lies between its two table markers replaced by ``readme_table()``."""
+    head, begin, rest = readme.partition(README_BEGIN + "\n")
+    _, end, tail = rest.partition(README_END)
+    if not begin or not end:
+        raise ValueError(f"{README} lacks the patch table's markers ({README_BEGIN} ... {README_END})")
+    return head + begin + readme_table() + end + tail
 
 
 def _section(e: Entry) -> str:

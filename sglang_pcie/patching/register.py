@@ -44,6 +44,10 @@ class Entry:
     upstream_check: str  # how the static check tells that upstream already has it
     runtime_method: str  # how it is applied at runtime
     static_method: str  # how it is checked statically against a source tree
+    # Where the patch's mark (runtime.results.MARKER_ATTR) tells that it acts in a process, in a release whose sources
+    # carry its baked diff: "module:Class.member" (or "module:function"), candidates in order, the first whose module
+    # defines it counting. tests/support/scripts/baked_switches.py reads it.
+    marked: tuple[str, ...] = ()
     # True where SGLang itself tolerates a target failing to import (its model registry skips such model modules):
     # ``verify-patches --runtime`` then notes the failure instead of reporting an error.
     targets_may_fail_to_import: bool = False
@@ -126,6 +130,8 @@ REGISTER = (
                        "query in the preflight loop (0.5.11+); the SM120 probe the helper calls "
                        "(get_platform().is_sm120 from 0.5.19, sglang.srt.utils.is_sm120_supported before) resolved "
                        "in the tree"),
+        marked=("sglang.srt.layers.flashinfer_comm_fusion:_sglang_pcie_sm120_opted_in",
+                "sglang.srt.layers.communicator:_sglang_pcie_sm120_opted_in"),
     ),
     Entry(
         id="eagle3-profile",
@@ -145,6 +151,7 @@ REGISTER = (
                         "EAGLEWorker, EAGLEWorkerV2 and EagleDraftWorker by "
                         "sglang_pcie.runtime.eagle_profiler.wrap(...) wrappers; only when EAGLE3_PROFILE=1"),
         static_method="ast: classes and methods present, the cycle method calls every phase method",
+        marked=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
     ),
     Entry(
         id="drafter-delegation",
@@ -171,6 +178,7 @@ REGISTER = (
         static_method=("ast of model_runner for every name the wrapper relies on; ast of the EAGLE workers for the "
                        "methods they call on the target; text outline of srt/models plus ast of the candidate "
                        "classes for the classes that would gain methods"),
+        marked=("sglang.srt.model_executor.model_runner:ModelRunner.load_model",),
     ),
     Entry(
         id="accept-length-alarm",
@@ -198,6 +206,7 @@ REGISTER = (
                        "recv_obj, every call of it (through self, an attribute of self or the class) inside an "
                        "`if ...finished:` branch; where it went when it is gone (the module and class now defining "
                        "it, the files now calling it)"),
+        marked=("sglang.srt.managers.tokenizer_manager:TokenizerManager._calculate_spec_decoding_metrics",),
     ),
     Entry(
         id="node-agreement",
@@ -229,6 +238,7 @@ REGISTER = (
                        "torch.distributed.init_process_group (without device_id) and runs no collective but behind a "
                        "launch option (named in the detail), the world group builds no PyNccl communicator, "
                        "initialize_model_parallel is there"),
+        marked=("sglang.srt.distributed.parallel_state:init_distributed_environment",),
     ),
     Entry(
         id="draft-token-watch",
@@ -253,6 +263,7 @@ REGISTER = (
                         "counts double and every 10 s; TP rank 0, top-k 1 only"),
         static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "
                        "fields in the worker module, draft_token in eagle_info"),
+        marked=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
     ),
 )
 

@@ -13,6 +13,14 @@ def test_docs_patches_md_is_what_the_register_renders():
     assert committed == pages.patches_page(), "docs/patches.md is stale: run ci/generate-docs"
 
 
+def test_readme_patch_table_is_what_the_register_renders():
+    committed = (REPO / pages.README).read_text()
+    assert committed == pages.with_readme_table(committed), "README.md's patch table is stale: run ci/generate-docs"
+    assert committed.count(pages.README_BEGIN) == committed.count(pages.README_END) == 1
+    for entry in register.REGISTER:
+        assert f"| `{entry.id}` | " in committed and f"([page](docs/{entry.id}.md))" in committed, entry.id
+
+
 def test_generate_docs_check_agrees():
     done = subprocess.run([sys.executable, str(REPO / "ci" / "generate-docs"), "--check"], capture_output=True,
                           text=True, timeout=120)

@@ -11,6 +11,9 @@ def test_registry_ids_name_their_modules_and_load_in_order():
     assert [p.id for p in all_patches()] == PATCH_IDS == register.ids()
     for entry in register.REGISTER:  # a patch's id, its module and its docs page share one name
         assert entry.module == f"sglang_pcie.patching.{entry.id.replace('-', '_')}", entry.id
+        # where its mark tells that it acts (tests/support/scripts/baked_switches.py): members of its targets
+        assert entry.marked and all(spec.partition(":")[0] in entry.targets and spec.partition(":")[2]
+                                    for spec in entry.marked), entry.id
 
 
 
@@ -23,23 +26,26 @@ def test_ids_are_unique_and_each_module_defines_its_patch():
 
 class Settings:
     def __init__(self, **fields):
-        self.disabled, self.disabled_patches, self.sm120_fusion, self.eagle3_profile = False, frozenset(), False, False
+        self.disabled, self.disabled_patches = False, frozenset()
+        self.__dict__.update({e.opt_in.setting: False for e in register.REGISTER if e.opt_in})  # every opt-in off
         self.__dict__.update(fields)
+
+    def but(self, **fields):
+        return Settings(**{**vars(self), **fields})
 
 
 def test_one_gate_for_every_patch():
-    sm120, eagle, drafter, alarm, agreement, watch = (register.entry(i) for i in PATCH_IDS)
-    assert register.disabled_reason(agreement, Settings()) is None
-    assert register.disabled_reason(watch, Settings()) is None  # default on in EAGLE chain runs
-    assert register.disabled_reason(watch, Settings(disabled_patches=frozenset({"draft-token-watch"}))) == \
-        register.DISABLE_PATCHES_REASON
-    assert register.disabled_reason(alarm, Settings()) is None  # log lines only: on unless switched off
-    assert register.disabled_reason(drafter, Settings()) is None
-    assert register.disabled_reason(sm120, Settings()) == "opt-in: set SGLANG_PCIE_SM120_FUSION=1"
-    assert register.disabled_reason(sm120, Settings(sm120_fusion=True)) is None
-    assert register.disabled_reason(eagle, Settings()) == "EAGLE3_PROFILE is not set to 1"
-    off = Settings(disabled_patches=frozenset({"drafter-delegation"}), eagle3_profile=True)
-    assert register.disabled_reason(drafter, off) == register.DISABLE_PATCHES_REASON
-    assert register.disabled_reason(eagle, off) is None
-    assert all(register.disabled_reason(e, Settings(disabled=True)) == "SGLANG_PCIE_DISABLE is set"
-               for e in register.REGISTER)
+    for e in register.REGISTER:  # every patch of the register, each under every switch
+        on = Settings(**({e.opt_in.setting: True} if e.opt_in else {}))
+        assert register.disabled_reason(e, Settings()) == (e.opt_in.off_reason if e.opt_in else None), e.id
+        assert register.disabled_reason(e, on) is None, e.id  # opted in where it must be: registered
+        assert register.disabled_reason(e, on.but(disabled_patches=frozenset({e.id}))) == \
+            register.DISABLE_PATCHES_REASON, e.id
+        others = frozenset(set(register.ids()) - {e.id})  # switching the others off leaves this one alone
+        assert register.disabled_reason(e, on.but(disabled_patches=others)) is None, e.id
+        assert register.disabled_reason(e, on.but(disabled=True)) == "SGLANG_PCIE_DISABLE is set", e.id
+        assert register.disabled_reason(e, Settings(disabled=True)) == "SGLANG_PCIE_DISABLE is set", e.id
+    # the opt-ins' own words, as verify-patches prints them
+    assert register.disabled_reason(register.entry("sm120-allreduce-fusion"), Settings()) == \
+        "opt-in: set SGLANG_PCIE_SM120_FUSION=1"
+    assert register.disabled_reason(register.entry("eagle3-profile"), Settings()) == "EAGLE3_PROFILE is not set to 1"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sglang_pcie.patching import baked as lines
+from sglang_pcie.patching import register
 from sglang_pcie.patching.diff_apply import apply_release_diffs
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import baked, patch_table
@@ -22,6 +24,7 @@ from sglang_pcie.runtime.settings import load_settings
 
 OPT_INS = {entry.opt_in.variable: "1" for entry in patch_table.TABLE if entry.opt_in}
 ALL_IDS = patch_table.ids()
+MARKED = json.dumps({entry.id: entry.marked for entry in register.REGISTER})  # where each patch's mark tells it acts
 
 
 def original(x):
@@ -147,7 +150,7 @@ def test_baked_diffs_obey_every_switch(sglang_env, tmp_path, version):
     folder = baked_copy(site_packages(env.python), tmp_path / "baked")
     matrix = {}
     for case, variables, installed in SWITCHES:
-        report = env.run_script_json("baked_switches.py", "installed" if installed else "absent",
+        report = env.run_script_json("baked_switches.py", "installed" if installed else "absent", MARKED,
                                      env={**variables, "PYTHONPATH": str(folder)})
         assert report["sglang"].startswith(str(folder)), report["sglang"]  # the baked copy, not the install
         settings = load_settings(variables)

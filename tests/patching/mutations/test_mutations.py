@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 KINDS = ("drift", "harmless")
 APPLY_OUTCOMES = ("refused", "applied", "already-applied")
 MUTATION_KEYS = {"name", "release", "kind", "why", "edits", "expect", "detail", "apply"}
+EVERY_PATCH = "every-patch"  # in expect / detail: every patch of the register (a patch named beside it overrides it)
 EDIT_KINDS = ("replace", "regex", "insert_before", "insert_after", "append", "write", "delete", "move_to", "call")
 
 _spec = importlib.util.spec_from_file_location("mutation_edits", HERE / "edits.py")
@@ -54,9 +55,16 @@ class Mutation:
         return self.name
 
 
+def for_every_patch(given: dict, patch_ids) -> dict:
+    """``given`` (a mutation's expect or detail) with its ``every-patch`` key expanded to each patch id of the
+    register, in the register's order; a patch named beside it keeps its own value."""
+    every = {pid: given[EVERY_PATCH] for pid in patch_ids} if EVERY_PATCH in given else {}
+    return {**every, **{pid: value for pid, value in given.items() if pid != EVERY_PATCH}}
+
+
 def load_mutations() -> list[Mutation]:
     mutations, names = [], set()
-    patch_ids = {patch.id for patch in all_patches()}
+    patch_ids = [patch.id for patch in all_patches()]
     for path in sorted(HERE.glob("*.yaml")):
         for raw in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
             where = f"{path.name}: {raw.get('name', raw)!r}"
@@ -65,7 +73,8 @@ def load_mutations() -> list[Mutation]:
             assert isinstance(raw["release"], str), f"{where}: quote the release"
             assert raw["kind"] in KINDS, f"{where}: kind must be one of {KINDS}"
             assert raw["name"] not in names, f"{where}: duplicate name"
-            assert set(raw.get("expect", {})) | set(raw.get("detail", {})) <= patch_ids, f"{where}: unknown patch id"
+            assert set(raw.get("expect", {})) | set(raw.get("detail", {})) <= {*patch_ids, EVERY_PATCH}, \
+                f"{where}: unknown patch id"
             assert raw.get("apply") in (None, *APPLY_OUTCOMES), f"{where}: apply must be one of {APPLY_OUTCOMES}"
             if raw["kind"] == "drift":
                 assert raw.get("expect"), f"{where}: a drift mutation names the patch(es) that must notice it"
@@ -75,7 +84,8 @@ def load_mutations() -> list[Mutation]:
                 assert "file" in edit or kinds == ["call"], f"{where}: edit without file: {edit}"
             names.add(raw["name"])
             mutations.append(Mutation(raw["name"], raw["release"], raw["kind"], " ".join(raw["why"].split()),
-                                      tuple(raw["edits"]), dict(raw.get("expect", {})), dict(raw.get("detail", {})),
+                                      tuple(raw["edits"]), for_every_patch(raw.get("expect", {}), patch_ids),
+                                      for_every_patch(raw.get("detail", {}), patch_ids),
                                       raw.get("apply"), path.name))
     return mutations
 
