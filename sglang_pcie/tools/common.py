@@ -31,3 +31,14 @@ def settings_or_errors():
     for error in errors:
         print(f"sglang-pcie: error: {error}", file=sys.stderr)
     return settings, errors
+
+
+def summed_counts(count_lists: list[list[int]]) -> list[int] | None:
+    """Position by position, the sum of lists of counts of different lengths (histograms); None for no list."""
+    if not count_lists:
+        return None
+    total = [0] * max(len(counts) for counts in count_lists)
+    for counts in count_lists:
+        for n, count in enumerate(counts):
+            total[n] += count
+    return total

@@ -3,6 +3,8 @@ cycle), the histogram of drafts accepted per verify step (under either of SGLang
 verify steps that accepted at least j drafts."""
 from __future__ import annotations
 
+from sglang_pcie.tools.common import summed_counts
+
 
 def accept_length(results, decode_only: bool = False) -> float | None:
     """Tokens per verify cycle over the requests, from SGLang's meta info: completion_tokens / spec_verify_ct
@@ -30,14 +32,7 @@ def request_histogram(meta: dict) -> list | None:
 def accept_histogram(results) -> list | None:
     """Index n: the verify steps that accepted n drafts, summed over the requests; None when no request carries
     SGLang's histogram (a release without it, no speculation)."""
-    histograms = [h for r in results if (h := request_histogram(r["meta_info"])) is not None]
-    if not histograms:
-        return None
-    total = [0] * max(len(h) for h in histograms)
-    for h in histograms:
-        for n, count in enumerate(h):
-            total[n] += count
-    return total
+    return summed_counts([h for r in results if (h := request_histogram(r["meta_info"])) is not None])
 
 
 def accept_at_least(histogram: list | None) -> list | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sglang_pcie.runtime.eagle_profiler import (PHASES, QUANTILE_MIN, REPORTED, SPEC_SETTINGS, accept_at_least, bound,
                                                 finite, projection)
+from sglang_pcie.tools.common import summed_counts
 
 
 def _weighted(pairs):
@@ -71,14 +72,7 @@ def throughput(records: list[dict]) -> dict:
 def pooled_hist(records: list[dict]) -> list | None:
     """The run's histogram of tokens per request-verify: the sum of its records' counts (those that give one); None
     where none does."""
-    hists = [r["accept_hist"] for r in records if r["accept_hist"] is not None]
-    if not hists:
-        return None
-    pooled = [0] * max(len(h) for h in hists)
-    for hist in hists:
-        for n, count in enumerate(hist):
-            pooled[n] += count
-    return pooled
+    return summed_counts([r["accept_hist"] for r in records if r["accept_hist"] is not None])
 
 
 def spec_of(records: list[dict]) -> dict:
