@@ -257,8 +257,8 @@ REGISTER = (
                         "fields holding the accepted drafts, EagleVerifyInput.draft_token"),
         runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EAGLEWorker.verify and "
                         "EAGLEWorkerV2.verify with sglang_pcie.runtime.draft_watch.wrap: on a sample of verifies "
-                        "(at most 0.05% of the verify interval in host time, as measured by the watch) three "
-                        "copies into a GPU buffer (verified token, first draft, accept length), counted in bulk per "
+                        "(at most 0.05% of the verify interval in host time, as measured by the watch) two "
+                        "copies into GPU buffers (verified token and first draft; accept length), counted in bulk per "
                         "target token with the context buckets it was proposed in; a non-blocking read-back as the "
                         "counts double and every 10 s; TP rank 0, top-k 1 only"),
         static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "

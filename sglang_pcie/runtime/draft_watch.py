@@ -6,7 +6,7 @@ token-identical text at accept length 2.51 instead of 2.76 and 0.89x batch throu
 accept-length alarm's 1.10.  This watch counts, per target token, how often the drafter proposed it at the first
 draft position and how often the target accepted it, on the GPU, on a sample of verifies, and reads the counts
 back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).  A counted verify
-costs three copies into a GPU buffer (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
+costs two copies into GPU buffers (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
 
 The test (numbers and why: docs/draft-token-watch.md).  The trials are contexts, not proposals: greedy decoding
 repeats a miss in a repeated context (the same prompt, or a text whose next token depends on the last one only),
@@ -106,7 +106,7 @@ class DraftWatch:
         self.last_call = None  # when the last counted verify began
         self.calls_at_last = 0
         self.interval = None  # running mean of the time between verifies (s)
-        self.counts = None  # GPU: [proposed per token | accepted per token], int64
+        self.counts = None  # GPU: [proposed | accepted | context buckets] per token, int64
         self.host = self.ready = None  # pinned copy of counts, and the event that says it is complete
         self.pending = False
         self.counted = 0  # first drafts counted (known on the host: the batch sizes)
@@ -173,8 +173,7 @@ class DraftWatch:
         self.contexts = torch.zeros((self.vocab, CONTEXT_BUCKETS), dtype=torch.uint8, device=draft.device)
         self.ones = torch.ones(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
         self.ones_u8 = torch.ones(BUFFER_ROWS, dtype=torch.uint8, device=draft.device)
-        self.first_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
-        self.context_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
+        self.chain_buffer = torch.zeros((BUFFER_ROWS, 2), dtype=torch.int64, device=draft.device)  # [verified, first]
         self.accept_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
         self.buffered = 0
         pin = draft.device.type == "cuda"
@@ -182,7 +181,8 @@ class DraftWatch:
         return True
 
     def _count(self, verify_input, result, kind) -> None:
-        """Three copies: each request's verified token, first draft and accept length (the bonus token included)."""
+        """Two copies: each request's verified token and first draft, and its accept length (the bonus token
+        included)."""
         import torch
 
         draft = verify_input.draft_token
@@ -200,9 +200,8 @@ class DraftWatch:
         if self.buffered + rows > BUFFER_ROWS:
             self.count_buffered()
         end = self.buffered + rows
-        chains = draft.reshape(rows, -1)
-        self.first_buffer[self.buffered:end].copy_(chains[:, 1])
-        self.context_buffer[self.buffered:end].copy_(chains[:, 0])  # the verified token: the draft's context
+        # columns 0 and 1 of each chain: the verified token (the draft's context) and the first draft
+        self.chain_buffer[self.buffered:end].copy_(draft.reshape(rows, -1)[:, :2])
         self.accept_buffer[self.buffered:end].copy_(accept_lens)
         self.buffered = end
         self.sampled += 1
@@ -215,10 +214,10 @@ class DraftWatch:
             return
         n, self.buffered = self.buffered, 0
         if n:
-            first = self.first_buffer[:n].clamp_(0, self.vocab - 1)
+            first = self.chain_buffer[:n, 1].clamp(0, self.vocab - 1)
             self.counts.index_add_(0, first, self.ones[:n])
             self.counts.index_add_(0, first + self.vocab, (self.accept_buffer[:n] >= 2).long())
-            bucket = self.context_buffer[:n].bitwise_and_(CONTEXT_BUCKETS - 1)
+            bucket = self.chain_buffer[:n, 0].bitwise_and(CONTEXT_BUCKETS - 1)
             self.contexts.index_put_((first, bucket), self.ones_u8[:n])
 
     def _read_back(self, now) -> None:
