@@ -1,8 +1,9 @@
 #!/bin/bash
 # draft-token-watch's and accept-length-alarm's evidence on ONE H200 (issue 33), in one lease, in the background
 # (SGLang 0.5.16 from ../shared/gpu-e2e; this checkout's wheel installed by its step2.sh):
-#   0. the tokenwise test pair (make-test-models --acceptance tokenwise --preset e2e: hidden 2048, 8 layers; its
-#      healthy drafter accepted token by token; 3 in 4 random prompts walk its 512-token core) and its broken copies
+#   0. the interleaved test pair (make-test-models --acceptance interleaved --preset e2e: hidden 2048, 8 layers; the
+#      next token is f of the token before the last, so each frequent token follows many different tokens; its
+#      healthy drafter accepted token by token; 3 in 4 random prompts walk its 128-token core) and its broken copies
 #      (benchmarks/break_drafter.py): d2t permuted at 10% and 40% of the draft ids, layer ids + 1
 #   1. bench's default workload (128-token prompts from ids 10:30000, 256 greedy tokens, c=32, 8 streamed) with
 #      BATCH (3200) batch requests instead of 128, so that each server serves about a minute: warm-up server, then
@@ -31,7 +32,7 @@ work() {
   stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
   stamp models
   rm -rf $M
-  ( time python3 -m sglang_pcie make-test-models $M --acceptance tokenwise --preset e2e \
+  ( time python3 -m sglang_pcie make-test-models $M --acceptance interleaved --preset e2e \
       && python3 "$REPO/benchmarks/break_drafter.py" $M/draft --only layer-ids-plus1 d2t-permuted-10pct \
            d2t-permuted-40pct ) > $W/make-models.txt 2>&1
   ls $M >> $W/make-models.txt

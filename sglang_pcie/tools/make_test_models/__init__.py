@@ -52,13 +52,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from sglang_pcie.tools.command import Command, UsageError
-from sglang_pcie.tools.make_test_models import tokenwise
+from sglang_pcie.tools.make_test_models import interleaved, tokenwise
 from sglang_pcie.tools.make_test_models.files import predicted_chain, tensor_bytes, write_model
 from sglang_pcie.tools.make_test_models.shape import ACCEPTANCE, PRESETS, Shape, aux_layer_ids
 from sglang_pcie.tools.make_test_models.weights import common_config, draft_tensors, make_predictable, target_tensors
 
 __all__ = ["ACCEPTANCE", "COMMAND", "PRESETS", "Shape", "make_models", "predicted_chain", "tensor_bytes"]
 PROG = "sglang-pcie make-test-models"
+CONSTRUCTIONS = {"tokenwise": tokenwise, "interleaved": interleaved}  # acceptance modes built by a module of their own
 
 
 def make_models(out: Path, shape: Shape, seed: int = 0, acceptance: str = "random",
@@ -69,21 +70,24 @@ def make_models(out: Path, shape: Shape, seed: int = 0, acceptance: str = "rando
         raise ValueError(f"--acceptance {acceptance}: must be one of {', '.join(ACCEPTANCE)}")
     if all_reduce_check:
         shape.check_all_reduce(acceptance)
-    if acceptance == "tokenwise":
-        tokenwise.check(shape)
-    layer_ids = tokenwise.aux_layer_ids(shape.layers) if acceptance == "tokenwise" else aux_layer_ids(shape.layers)
+    construction = CONSTRUCTIONS.get(acceptance)
+    if construction is not None:
+        construction.check(shape)
+    layer_ids = construction.aux_layer_ids(shape.layers) if construction else aux_layer_ids(shape.layers)
     rng = random.Random(seed)
-    target_config = {**common_config(shape), "architectures": ["LlamaForCausalLM"],
-                     "num_hidden_layers": shape.layers}
-    draft_config = {**common_config(shape), "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+    config = common_config(shape)
+    if acceptance == "interleaved":
+        config["rope_theta"] = interleaved.ROPE_THETA  # its previous-token head's RoPE frequencies
+    target_config = {**config, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": shape.layers}
+    draft_config = {**config, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
                     "draft_vocab_size": shape.draft_vocab,
                     "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids,
                                      "use_aux_hidden_state": True}}
     target = target_tensors(rng, shape)
     hot = sorted(rng.sample(range(shape.vocab), shape.draft_vocab))
     draft = draft_tensors(rng, shape, hot)
-    if acceptance == "tokenwise":
-        tokenwise.build(rng, shape, target, draft, hot)
+    if construction is not None:
+        construction.build(rng, shape, target, draft, hot)
     elif ACCEPTANCE[acceptance] is not None:
         make_predictable(rng, shape, target, draft, hot, ACCEPTANCE[acceptance], all_reduce_check)
     sizes = {"target": write_model(out / "target", target_config, target),

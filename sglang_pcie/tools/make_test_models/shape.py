@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # share of the draft vocabulary that the target's next-token map keeps (the rest is swapped in pairs); None: random
-# weights, or ("tokenwise") the construction of tokenwise.py
-ACCEPTANCE = {"random": None, "mixed": 0.5, "full": 1.0, "tokenwise": None}
+# weights, or the construction of tokenwise.py / interleaved.py
+ACCEPTANCE = {"random": None, "mixed": 0.5, "full": 1.0, "tokenwise": None, "interleaved": None}
 RMS_NORM_EPS = 1e-5
 
 
@@ -37,7 +37,7 @@ class Shape:
     def check_all_reduce(self, acceptance: str) -> None:
         """--all-reduce-check pairs heads, KV heads and MLP blocks (one per head) across shards, keeps one hidden
         coordinate per sublayer for its chain and one decoy token per draft token."""
-        if ACCEPTANCE[acceptance] is None:  # random or tokenwise
+        if ACCEPTANCE[acceptance] is None:  # random, tokenwise or interleaved
             raise ValueError(f"--all-reduce-check needs --acceptance mixed or full (got --acceptance {acceptance})")
         if self.heads % 2 or self.kv_heads % 2:
             raise ValueError(f"--all-reduce-check needs an even number of heads and KV heads, not --heads"

@@ -89,12 +89,13 @@ def _mlp_scale(rms: float) -> float:
     return rms / silu
 
 
-def next_token_map(rng, vocab: int, hot: list[int]) -> tuple[dict, dict, list[int]]:
-    """f as {token: next} over ``hot`` (two cycles: a core and the rest), its inverse, and ``alias``: the draft
-    token whose embedding each vocabulary token uses (itself in the draft vocabulary, a random core token outside)."""
+def next_token_map(rng, vocab: int, hot: list[int], core_tokens: int = CORE_TOKENS) -> tuple[dict, dict, list[int]]:
+    """f as {token: next} over ``hot`` (two cycles: a core of ``core_tokens`` and the rest), its inverse, and
+    ``alias``: the draft token whose embedding each vocabulary token uses (itself in the draft vocabulary, a random
+    core token outside)."""
     order = list(hot)
     rng.shuffle(order)
-    core_size = min(CORE_TOKENS, len(order) // 2) or len(order)
+    core_size = min(core_tokens, len(order) // 2) or len(order)
     nxt = {}
     for ring in (order[:core_size], order[core_size:]):
         nxt.update({ring[i]: ring[(i + 1) % len(ring)] for i in range(len(ring))})

@@ -26,6 +26,8 @@ parser.add_argument("--new-tokens", type=int, default=32)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--bf16", action="store_true", help="target and drafter in bf16 (default fp32)")
+parser.add_argument("--first-drafts", action="store_true",
+                    help="also list every verify's [verified token, first draft, first draft accepted (0/1)]")
 args = parser.parse_args()
 dtype = torch.bfloat16 if args.bf16 else torch.float32
 
@@ -71,7 +73,7 @@ def replay(folder):
         pre_norm = y + residual
         return int(hot[int(torch.argmax(lin(norm(pre_norm, "norm.weight"), "lm_head.weight")))]), pre_norm
 
-    per_prompt, reached, accepted_at = [], [0] * args.steps, [0] * args.steps
+    per_prompt, reached, accepted_at, first_drafts = [], [0] * args.steps, [0] * args.steps, []
     with torch.no_grad():
         for seq, hidden in zip(sequences, states):
             aux = torch.cat([hidden[i + 1][0] for i in layer_ids], -1)
@@ -81,6 +83,8 @@ def replay(folder):
                 for i in range(args.steps):
                     token, state = draft_step(token, state, keys, values)
                     reached[i] += 1
+                    if i == 0:
+                        first_drafts.append([seq[pos + 1], token, int(token == seq[pos + 2])])
                     if token != seq[pos + 2 + i]:
                         break
                     accepted_at[i] += 1
@@ -90,7 +94,8 @@ def replay(folder):
             per_prompt.append(lengths)
     flat = [x for lengths in per_prompt for x in lengths]
     return {"layer_ids": layer_ids, "accept_length": sum(flat) / len(flat), "verifies": len(flat),
-            "per_prompt": per_prompt, "step_reached": reached, "step_accepted": accepted_at}
+            "per_prompt": per_prompt, "step_reached": reached, "step_accepted": accepted_at,
+            **({"first_drafts": first_drafts} if args.first_drafts else {})}
 
 
 print(json.dumps({"dtype": str(dtype), "prompts": args.prompts, "new_tokens": args.new_tokens, "steps": args.steps,
