@@ -29,7 +29,13 @@ instead of three.
 - ``tokenwise``: a healthy drafter accepted token by token (accept length about 2.7 at 3 steps, from per-token,
   per-step knowledge), whose guesses depend on decoding each captured layer with that layer's own key: layer ids
   shifted by one, or part of ``d2t`` permuted, lower the accept length (``tokenwise.py``; needs 5 layers or more,
-  e.g. ``--layers 6``; 3 draft steps, a 4th is always wrong).
+  e.g. ``--layers 6``; 3 draft steps, a 4th is always wrong). Each token follows one token only there.
+- ``interleaved``: the tokenwise pair's keyed layers and per-token knowledge in a text where the next token is f
+  of the token before the last, through a previous-token attention head in layer 0 (RoPE, ``rope_theta`` 10): each
+  frequent token follows many different tokens, and the healthy drafter's misses depend on both of its tokens, as
+  a real drafter's do. A per-context statistic (draft-token-watch's) sees a wrong ``d2t`` entry rejected after
+  every token there; layer ids + 1 drop the accept length to 1.0 (``interleaved.py``; needs 5 layers or more, hidden
+  145 or more; accept length about 2.7-2.8 at 3 steps with hidden 512 or ``--preset e2e``).
 - ``--all-reduce-check`` (with ``mixed`` / ``full``): the same chain of tokens and accept lengths, but the attention
   and MLP outputs are not zero: each tensor-parallel shard's partial sum of o_proj / down_proj is large and is
   cancelled exactly by a partner shard's, and a value carried from sublayer to sublayer through every all-reduce
@@ -110,7 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " every draft, the others one per verify), full (every draft accepted) or tokenwise"
                              " (accepted token by token, about 2.7 per verify at 3 steps; wrong layer ids or d2t"
                              " entries lower it;"
-                             " needs --layers 5 or more)")
+                             " needs --layers 5 or more) or interleaved (as tokenwise, but the next token follows"
+                             " the token before the last, so each frequent token follows many different tokens)")
     parser.add_argument("--all-reduce-check", action="store_true",
                         help="with --acceptance mixed or full: the same tokens and accept lengths, but only when"
                              " every tensor-parallel all-reduce of o_proj and down_proj adds every shard's partial"
