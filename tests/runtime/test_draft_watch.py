@@ -188,6 +188,8 @@ def test_samples_so_that_its_measured_time_stays_under_its_share_of_the_verify_i
     assert stride["stride"] == stride["expected"] == 4  # 20 us of 10 ms at 0.05%: one verify in 4
     assert stride["cost_share"] <= dw.COST_SHARE * 1.15  # the 50 ms set-up is not charged per verify
     assert stride["sampled"] < stride["calls"] / 3
+    assert stride["setup"] == pytest.approx(0.05, rel=1e-6)  # measured apart, and logged so
+    assert stride["cost_text"].endswith("; set-up 50.0 ms once")
 
 
 @pytest.mark.release

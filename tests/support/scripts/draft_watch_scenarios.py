@@ -140,7 +140,8 @@ def stride():
         clock.now += 0.01
         wrapped(worker(), batch([1, 2], [1, 1]))
     return {"stride": watch.stride, "expected": math.ceil(20e-6 / (dw.COST_SHARE * 0.01)),
-            "cost_share": watch.own_seconds / watch.calls / 0.01, "sampled": watch.sampled, "calls": watch.calls}
+            "cost_share": watch.own_seconds / watch.calls / 0.01, "sampled": watch.sampled, "calls": watch.calls,
+            "setup": watch.setup_seconds, "cost_text": watch.cost_text()}
 
 
 def left_alone(w):
