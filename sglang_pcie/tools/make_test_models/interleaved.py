@@ -96,12 +96,7 @@ def build(rng, shape: Shape, target: dict, draft: dict, hot: list[int]) -> None:
 def _build_target(shape: Shape, target: dict, codes: dict, prev: dict, alias: list[int], keys_cur: list,
                   keys_prev: list) -> None:
     h, d, inter, a = shape.hidden, code_size(shape), shape.intermediate, AMPLITUDE
-    rows = []  # embeddings: [c, P_-1 c, 0...]
-    for t in range(shape.vocab):
-        code = codes[alias[t]]
-        rows.append(b"".join(pack(a * x) for x in code) + b"".join(pack(a * x) for x in _keyed(keys_cur[0], code))
-                    + bytes(2 * (h - 2 * d)))
-    target["model.embed_tokens.weight"] = ("BF16", [shape.vocab, h], b"".join(rows))
+    target["model.embed_tokens.weight"] = tokenwise.embeddings(shape, codes, alias, keys_cur[0])  # [c, P_-1 c, 0...]
     _previous_token_head(shape, target, keys_prev[0])
     scale = _mlp_scale((4 * d * a * a / h + RMS_NORM_EPS) ** 0.5)
     gate = {(n, 0): GATE for n in range(2 * d)}

@@ -132,14 +132,20 @@ def build(rng, shape: Shape, target: dict, draft: dict, hot: list[int]) -> None:
     _build_drafter(rng, shape, draft, hot, codes, prev, keys)
 
 
-def _build_target(shape: Shape, target: dict, codes: dict, prev: dict, alias: list[int], keys: list) -> None:
-    h, d, inter, a = shape.hidden, code_size(shape), shape.intermediate, AMPLITUDE
-    rows = []  # embeddings: [c, P_-1 c, 0...]
+def embeddings(shape: Shape, codes: dict, alias: list[int], key: list) -> tuple:
+    """The embedding table: row t is [c, P_-1 c, 0...] with c the code of t's alias (its own code for a draft token)
+    and P_-1 ``key``, at amplitude ``AMPLITUDE``."""
+    rows = []
     for t in range(shape.vocab):
         code = codes[alias[t]]
-        rows.append(b"".join(pack(a * x) for x in code) + b"".join(pack(a * x) for x in _keyed(keys[0], code))
-                    + bytes(2 * (h - 2 * d)))
-    target["model.embed_tokens.weight"] = ("BF16", [shape.vocab, h], b"".join(rows))
+        rows.append(b"".join(pack(AMPLITUDE * x) for x in code) + b"".join(pack(AMPLITUDE * x) for x in _keyed(key, code))
+                    + bytes(2 * (shape.hidden - 2 * len(code))))
+    return ("BF16", [shape.vocab, shape.hidden], b"".join(rows))
+
+
+def _build_target(shape: Shape, target: dict, codes: dict, prev: dict, alias: list[int], keys: list) -> None:
+    h, d, inter, a = shape.hidden, code_size(shape), shape.intermediate, AMPLITUDE
+    target["model.embed_tokens.weight"] = embeddings(shape, codes, alias, keys[0])
     scale = _mlp_scale((2 * d * a * a / h + RMS_NORM_EPS) ** 0.5)
     for layer in range(shape.layers):
         prefix = f"model.layers.{layer}"
