@@ -87,7 +87,8 @@ def main() -> int:
             for look in d["watch_looks"]:
                 print(f"    look {look['look']} at {look['proposals']:,} first drafts: {look['tested']} tokens tested,"
                       f" {look['dead']} never accepted (H0: at most {look['expected_dead']:.2g}), their share"
-                      f" {look['dead_share']:.1%}, P <= {look['tail']:.1e} -> {'WARN' if look['warn'] else 'no warning'}")
+                      f" {look['dead_share']:.1%}, P <= {look['tail']:.1e} ->"
+                      f" {'WARN' if look['warn'] else 'no warning'}")
     return 0
 
 

@@ -45,7 +45,7 @@ ROPE_THETA = 10.0  # high RoPE frequencies: a previous-token head with a wide ma
 SCORE_MARGIN = 32.0  # attention logit of the previous position over any other: weight e^-32 each, at most
 NOISE = 1.0  # weight of the other group's random code in a head row (a miss depends on both tokens)
 aux_layer_ids = tokenwise.aux_layer_ids
-_matrix, _mlp_scale, _keyed = tokenwise._matrix, tokenwise._mlp_scale, tokenwise._keyed
+_matrix, _mlp_scale = tokenwise._matrix, tokenwise._mlp_scale
 
 
 def code_size(shape: Shape) -> int:

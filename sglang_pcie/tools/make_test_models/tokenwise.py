@@ -138,7 +138,8 @@ def embeddings(shape: Shape, codes: dict, alias: list[int], key: list) -> tuple:
     rows = []
     for t in range(shape.vocab):
         code = codes[alias[t]]
-        rows.append(b"".join(pack(AMPLITUDE * x) for x in code) + b"".join(pack(AMPLITUDE * x) for x in _keyed(key, code))
+        rows.append(b"".join(pack(AMPLITUDE * x) for x in code)
+                    + b"".join(pack(AMPLITUDE * x) for x in _keyed(key, code))
                     + bytes(2 * (shape.hidden - 2 * len(code))))
     return ("BF16", [shape.vocab, shape.hidden], b"".join(rows))
 

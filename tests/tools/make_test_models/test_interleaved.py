@@ -29,7 +29,8 @@ def test_interleaved_config_and_bad_shapes(tmp_path, capsys):
         assert config["rope_theta"] == interleaved.ROPE_THETA  # the previous-token head's frequencies, both models
     draft = json.loads((tmp_path / "m" / "draft" / "config.json").read_text())
     assert draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
-    for argv, named in ((["--layers", "4"], "--layers 5 or more"), (["--layers", "6", "--hidden", "128"], "--hidden 145"),
+    for argv, named in ((["--layers", "4"], "--layers 5 or more"),
+                        (["--layers", "6", "--hidden", "128"], "--hidden 145"),
                         (["--layers", "6", "--hidden", "512", "--heads", "8", "--kv-heads", "1"],
                          "--kv-heads x head_dim"),
                         (["--layers", "6", "--intermediate", "200"], "--intermediate >= 6")):
