@@ -136,3 +136,51 @@ def test_a_written_usage_line_names_each_options_argument_as_the_option_list_doe
                     if written != (action.metavar or action.dest.upper()):
                         problems.append(f"{name}: usage {option} {written}, options {option} {action.metavar}")
     assert not problems, "\n".join(problems)
+
+
+def _readme_tool_lines() -> dict[str, str]:
+    """README's "The tools" block: command name -> the line that shows it (``verify-patches | apply-diffs`` both)."""
+    import re
+
+    from support import REPO
+
+    block = re.search(r"## The tools\n\n```\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    lines = {}
+    for line in block.splitlines():
+        head = re.match(r"sglang-pcie ([\w-]+(?: \| [\w-]+)*)", line)
+        assert head, f"README's tools block: {line!r} names no command"
+        for name in head.group(1).split(" | "):
+            lines[name] = line
+    return lines
+
+
+def test_readmes_tool_list_names_every_command_and_only_options_each_has():
+    """README's list of tools: every command of the parser tree (tune-spec was missing), and each option it shows is
+    one of that command's, with the choices it writes (``--workload batch|latency|both``) the parser's own."""
+    import re
+
+    lines = _readme_tool_lines()
+    parsers = {name.removeprefix("sglang-pcie "): parser for name, parser in _parsers()[1:]}
+    assert sorted(lines) == sorted(parsers)
+    problems = []
+    for name, line in lines.items():
+        options = {o: a for a in parsers[name]._actions for o in a.option_strings}
+        for option, choices in re.findall(r"(--[\w-]+)(?: ([a-z0-9]+(?:\|[a-z0-9]+)+)\b)?", line):
+            if option not in options:
+                problems.append(f"{name}: README shows {option}, which it does not take")
+            elif choices and options[option].choices and set(choices.split("|")) != set(options[option].choices):
+                problems.append(f"{name}: README shows {option} {choices}, the parser {options[option].choices}")
+    assert not problems, "\n".join(problems)
+    assert "--compare-d2t DIR" in lines["check-drafter"]
+
+
+def test_readme_links_the_page_of_every_command_that_has_one():
+    import re
+
+    from support import REPO
+
+    text = (REPO / "README.md").read_text()
+    pages = " ".join(text[text.index("## The tools"):text.index("## Release tracking")].split())
+    linked = set(re.findall(r"\]\(docs/([\w-]+)\.md\)", pages))
+    have_page = {name for name in _readme_tool_lines() if (REPO / "docs" / f"{name}.md").is_file()}
+    assert have_page - linked == set() and "tune-spec" in have_page
