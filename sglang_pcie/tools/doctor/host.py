@@ -1,13 +1,15 @@
 """The host under the GPUs: IOMMU, ACS on the bridges above them, each GPU's PCIe link against its maximum, BAR1,
 which NUMA node and CPU socket each GPU hangs off, a virtual machine, the driver and the CUDA / NCCL / FlashInfer
-/ SGLang versions. Read from sysfs, /proc, ``lscpu`` and ``lspci`` through the world; what this process may not
-see (no root, no tool, a VM) is said as "not visible" and why.
+/ SGLang versions, and the NCCL release against those reported bad on PCIe boxes (nccl_releases). Read from sysfs,
+/proc, ``lscpu`` and ``lspci`` through the world; what this process may not see (no root, no tool, a VM) is said as
+"not visible" and why.
 """
 from __future__ import annotations
 
 import re
 
 from sglang_pcie.runtime import allreduce, tuned_file
+from sglang_pcie.tools.doctor import nccl_releases
 from sglang_pcie.tools.doctor.findings import FAILURE, INFO, NOT_VISIBLE, OK, WARNING, Finding
 from sglang_pcie.tools.doctor.gpu_facts import GpuFacts, link_gen
 from sglang_pcie.tools.doctor.world import NotVisible, World
@@ -311,7 +313,9 @@ def _torch_cuda(child_start: dict | None) -> tuple[str | None, str | None, str]:
 
 def versions(facts: GpuFacts, child_start: dict | None) -> list[Finding]:
     torch, torch_cuda, where = _torch_cuda(child_start)
-    nccl = (child_start or {}).get("nccl") or tuned_file.installed_nccl()
+    nccl = (child_start or {}).get("nccl")
+    nccl_from = "torch in the copy check" if nccl else "nvidia-nccl-cu* dist-info"
+    nccl = nccl or tuned_file.installed_nccl()
     flashinfer, sglang = allreduce.flashinfer_install().version, allreduce.sglang_install().version
     out = [Finding("host.versions", INFO,
                    (f"torch {torch} (CUDA {torch_cuda or 'not visible'})" if torch else "torch not installed")
@@ -325,4 +329,33 @@ def versions(facts: GpuFacts, child_start: dict | None) -> list[Finding]:
                            "fails to initialise in every SGLang process",
                            f"install a driver for CUDA {torch_cuda}, or a torch build for CUDA {facts.cuda}",
                            f"{where}; nvidia-smi -q CUDA Version"))
+    return out + nccl_release(nccl, nccl_from, facts)
+
+
+def nccl_release(nccl: str | None, nccl_from: str, facts: GpuFacts) -> list[Finding]:
+    """The NCCL a server would load (``versions``' reading; several distributions: each) against the releases
+    reported bad on PCIe boxes (nccl_releases.KNOWN_BAD), on the GPUs of the TP group. Nothing where NCCL was not
+    found: the versions line says so."""
+    out = []
+    for text in nccl.split(",") if nccl else []:
+        release = nccl_releases.parse(text)
+        if release is None:
+            out.append(Finding("host.nccl-release", NOT_VISIBLE,
+                               f"NCCL version {text.strip()!r} not understood: not compared with the NCCL releases "
+                               "reported bad (docs/doctor.md)", source=f"NCCL from {nccl_from}"))
+            continue
+        for row, hit in nccl_releases.match(release, [g.name for g in facts.used]):
+            source = f"{row.name} {row.source}; NCCL from {nccl_from}"
+            if hit:
+                several = len(facts.used) > 1
+                on = ", ".join(str(g.index) for g in facts.used if g.name in hit)
+                out.append(Finding(
+                    "host.nccl-release", WARNING if several else INFO,
+                    f"NCCL {release} is a release reported bad on {', '.join(sorted(set(hit)))} (GPU {on}): "
+                    f"{row.symptom}; {row.name}: {row.reported}"
+                    + ("" if several else "; one GPU here, so no collective between GPUs"), row.fix, source))
+            elif facts.used:
+                out.append(Finding("host.nccl-release", INFO,
+                                   f"NCCL {release} is reported bad on {', '.join(row.gpus)}, not on these GPUs: "
+                                   f"{row.symptom} ({row.name})", row.fix, source))
     return out
