@@ -1,7 +1,8 @@
 """``apply-diffs``: the versioned diffs applied to (or removed from) a live SGLang tree, all or nothing.
 
-A patch's diff is applied only where its static check (the one ``verify-patches`` runs) says ``applicable``, and
-removed only where the check says ``applied``; any other status refuses. A diff is applied only if it makes exactly
+A patch's diff is applied only where its static check (the one ``verify-patches`` runs, and shows as
+``source check: ...`` for a patch switched off there) says ``applicable``, and removed only where the check says
+``applied``; any other status refuses. A diff is applied only if it makes exactly
 the change the patch's ``rewrite()`` approves for this very tree (no fuzz), so a locally modified source never gets a
 second copy of something it already has.
 
@@ -14,8 +15,10 @@ of the real run, the permission and space checks included, and stops before the 
 nothing.
 
 User settings (opt-ins, SGLANG_PCIE_DISABLE_PATCHES) do not enter: an image gets every diff its release needs, and the
-baked code keeps its own run-time switch (SGLANG_PCIE_SM120_FUSION=1 for sm120-allreduce-fusion, EAGLE3_PROFILE=1 for
-eagle3-profile), so it behaves as SGLang until the user asks.
+baked code asks the runtime's one gate (``SGLANG_PCIE_DISABLE``, ``SGLANG_PCIE_DISABLE_PATCHES``, the opt-in:
+SGLANG_PCIE_SM120_FUSION=1 for sm120-allreduce-fusion, EAGLE3_PROFILE=1 for eagle3-profile) each time SGLang imports
+it, so every switch works in the baked image as with the runtime patches, and an opt-in's code behaves as SGLang's
+until the user asks.
 """
 from __future__ import annotations
 

@@ -76,6 +76,16 @@ def ids() -> list[str]:
 
 
 DISABLE_PATCHES_REASON = "listed in SGLANG_PCIE_DISABLE_PATCHES"
+# A list naming an id that is no patch is not half-applied (the ids it names rightly off, the rest on): the user's
+# intent to switch something off cannot be read, so every patch is off, as a kill switch that is not a boolean is
+# read as on. One warning where sglang is imported names the ids (settings.unknown_patch_ids); the CLI exits 2.
+UNKNOWN_ID_REASON = ("SGLANG_PCIE_DISABLE_PATCHES names an id that is no patch: every patch off until it names only"
+                     " patch ids")
+
+
+def unknown_ids(settings) -> list[str]:
+    """The ids ``settings.disabled_patches`` names that are no patch of the table, sorted."""
+    return sorted(settings.disabled_patches.difference(ids()))
 
 
 def disabled_reason(entry, settings) -> str | None:
@@ -83,6 +93,8 @@ def disabled_reason(entry, settings) -> str | None:
     registered under ``settings``, or None when it is."""
     if settings.disabled:
         return "SGLANG_PCIE_DISABLE is set"
+    if unknown_ids(settings):
+        return UNKNOWN_ID_REASON
     if entry.id in settings.disabled_patches:
         return DISABLE_PATCHES_REASON
     if entry.opt_in is not None and not getattr(settings, entry.opt_in.setting):

@@ -77,13 +77,14 @@ def _flag(env, name, s, invalid_means=False):
 
 def unknown_patch_ids(settings: "Settings", known: list[str], environ: Mapping[str, str] | None = None) -> str | None:
     """One error line when SGLANG_PCIE_DISABLE_PATCHES names ids that are not in ``known`` (the register's ids),
-    else None. The known ids stay switched off: applying a patch the user tried to turn off is the unsafe reading."""
+    else None. Such a list switches every patch off (``patch_table.disabled_reason``): applying a patch the user
+    tried to turn off is the unsafe reading, and honouring only the ids that exist would half-apply the value."""
     unknown = sorted(settings.disabled_patches.difference(known))
     if not unknown:
         return None
     raw = (os.environ if environ is None else environ).get(DISABLE_PATCHES_VAR, "")
     return (f"{DISABLE_PATCHES_VAR}={shown(raw)} names no patch {', '.join(map(shown, unknown))}"
-            f" (patch ids: {', '.join(known)}); unknown ids ignored")
+            f" (patch ids: {', '.join(known)}); every patch is off until it names only patch ids")
 
 
 def _unwritable(raw: str) -> str | None:

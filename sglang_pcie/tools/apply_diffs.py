@@ -10,8 +10,13 @@ from sglang_pcie.patching.diffs import DiffError
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 from sglang_pcie.tools.command import Command, UsageError
 
-EPILOG = ("A patch's diff is applied where verify-patches says applicable, skipped where it says applied, removed "
-          "(--reverse) where it says applied; anything else refuses. A replaced file keeps its mode, owner and UTF-8 "
+EPILOG = ("A patch's diff is applied where the patch's source check says applicable (the check verify-patches runs; "
+          "for a patch switched off here verify-patches says disabled and shows that check: 'source check: "
+          "applicable'), skipped where it says applied, removed (--reverse) where it says applied; anything else "
+          "refuses. The switches (SGLANG_PCIE_DISABLE_PATCHES, an opt-in such as SGLANG_PCIE_SM120_FUSION=1) do not "
+          "choose the diffs: the baked code asks them each time SGLang imports it, as the runtime patch does, so an "
+          "opt-in patch's diff changes nothing until its switch is given; the output names the patches that are off "
+          "in this environment. A replaced file keeps its mode, owner and UTF-8 "
           "BOM; --dry-run also checks write permission and space, as the real run does. Exit status: 0 when every diff it needs was "
           "applied (or removed), or already was; 1 when a patch refused (nothing was changed); 2 for bad usage, "
           "no sglang package there, or no diffs for its release.")
@@ -47,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         verb = ("would remove" if result.dry_run else "removed") if result.reverse else (
             "would apply" if result.dry_run else "applied")
         print(f"{verb} {len(changing)} diff(s) for {where}: {', '.join(s.patch_id for s in changing)}")
+        if not result.reverse:
+            for line in switched_off_here([s.patch_id for s in changing]):
+                print(f"  {line}")
     elif any(step.action == ALREADY for step in result.steps):
         print(f"already applied: {where} carries every diff it needs")
     else:
@@ -55,6 +63,22 @@ def run(args: argparse.Namespace) -> int:
         if step not in changing:
             print(f"  {step.line()}")
     return 0
+
+
+def switched_off_here(patch_ids: list[str]) -> list[str]:
+    """One line per patch of ``patch_ids`` that this environment's settings switch off: its baked code stays SGLang's
+    in a process with these settings, and acts in one whose switch lets it (the baked guard asks the same gate)."""
+    from sglang_pcie.patching import register
+    from sglang_pcie.runtime.settings import load_settings
+
+    settings = load_settings()
+    lines = []
+    for patch_id in patch_ids:
+        reason = register.disabled_reason(register.entry(patch_id), settings)
+        if reason:
+            lines.append(f"{patch_id}: baked, and off in this environment ({reason}): its code acts only where "
+                         "its switch lets it, read each time SGLang imports it")
+    return lines
 
 
 COMMAND = Command("apply-diffs", "apply the versioned diffs to an SGLang source tree, all or nothing", add_arguments,

@@ -20,7 +20,9 @@ STATUS_HELP = {
     "applicable": "static: fits this source; every name the patched code relies on was found there",
     "upstream": "the release already has every part the patch changes",
     "not-applicable": "the release lacks what the patch touches, or is older than the patch's first release",
-    "disabled": "not wanted here: switched off by the user, or an opt-in not given",
+    "disabled": "not wanted here: switched off by the user (a SGLANG_PCIE_DISABLE_PATCHES that names an id that is "
+                "no patch switches every patch off, and exits 2), or an opt-in not given; the detail ends with the "
+                "source check, which is what apply-diffs follows",
     "drifted": "the target moved or changed shape",
     "error": "the check itself failed",
 }

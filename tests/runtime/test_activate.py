@@ -156,3 +156,41 @@ def test_plugin_loader_alone_activates_real_sglang(sglang_env):
     assert out["hooked"] is False and out["after_import"] is None and out["after_plugins"] is True
     assert {"NCCL_PROTO", "NCCL_ALGO", "SGLANG_PCIE_NCCL_DECIDED"} <= set(out["written"])
     assert "sglang-pcie" not in proc.stderr and "Available plugins" not in proc.stderr, proc.stderr
+
+
+class _Watcher:
+    def __init__(self):
+        self.watched = []
+
+    def watch(self, name, callback):
+        self.watched.append(name)
+
+
+@pytest.mark.parametrize("listed, registered", [
+    ("accept-length-alarm", True),  # a list of patch ids: those off, the rest registered
+    ("accept-length-alarm,no-such-patch", False),  # an id that is no patch: every patch off, one line naming it
+])
+def test_activation_never_half_applies_the_disable_list(monkeypatch, capsys, listed, registered):
+    import sglang_pcie_startup
+
+    from sglang_pcie.runtime import activate, nccl, patch_table
+
+    watcher = _Watcher()
+    monkeypatch.setattr(sglang_pcie_startup, "get_watcher", lambda: watcher)
+    monkeypatch.setattr(nccl, "apply_for_process", lambda settings: None)
+    for name, value in (("_activated", None), ("SETTINGS", None), ("SWITCHED_OFF", {}), ("RESULTS", {})):
+        monkeypatch.setattr(activate, name, value)
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", listed)
+    assert activate.activate() is True
+    err = capsys.readouterr().err.strip().splitlines()
+    defaults = [row for row in patch_table.TABLE if row.opt_in is None and row.id != "accept-length-alarm"]
+    if registered:
+        assert err == [] and set(activate.SWITCHED_OFF) == {"accept-length-alarm"} | {
+            row.id for row in patch_table.TABLE if row.opt_in}
+        assert set(watcher.watched) == {target for row in defaults for target in row.targets}
+    else:
+        assert watcher.watched == [] and activate.SWITCHED_OFF == dict.fromkeys(patch_table.ids(),
+                                                                                  patch_table.UNKNOWN_ID_REASON)
+        assert len(err) == 1 and err[0].startswith("sglang-pcie: SGLANG_PCIE_DISABLE_PATCHES=")
+        assert "names no patch 'no-such-patch'" in err[0] and err[0].endswith("every patch is off until it names "
+                                                                               "only patch ids")

@@ -45,7 +45,9 @@ def test_the_guard_applies_the_registers_payload_only_where_the_gate_lets_it(mon
             assert baked.guarded(entry.id, original, ("x",))() == (entry.id, ("x",))
 
 
-@pytest.mark.parametrize("env", [{"SGLANG_PCIE_DISABLE": "1"}, {"SGLANG_PCIE_DISABLE_PATCHES": ",".join(ALL_IDS)}])
+@pytest.mark.parametrize("env", [{"SGLANG_PCIE_DISABLE": "1"}, {"SGLANG_PCIE_DISABLE_PATCHES": ",".join(ALL_IDS)},
+                                 {"SGLANG_PCIE_DISABLE_PATCHES": f"{ALL_IDS[0]},no-such-patch"}],
+                         ids=["disable", "disable-patches-all", "disable-patches-unknown-id"])
 def test_every_switch_leaves_sglangs_own_function(monkeypatch, env):
     for name, value in {**OPT_INS, **env}.items():
         monkeypatch.setenv(name, value)
@@ -140,6 +142,8 @@ SWITCHES = [
     ("disable", {**OPT_INS, "SGLANG_PCIE_DISABLE": "1"}, True),
     ("disable-patches-a", {**OPT_INS, "SGLANG_PCIE_DISABLE_PATCHES": ",".join(ALL_IDS[0::2])}, True),
     ("disable-patches-b", {**OPT_INS, "SGLANG_PCIE_DISABLE_PATCHES": ",".join(ALL_IDS[1::2])}, True),
+    # an id that is no patch: every patch off in the baked image too (never half-applied)
+    ("disable-patches-unknown-id", {**OPT_INS, "SGLANG_PCIE_DISABLE_PATCHES": f"{ALL_IDS[1]},no-such-patch"}, True),
     ("without-sglang-pcie", OPT_INS, False),
 ]
 
@@ -157,6 +161,7 @@ def test_baked_diffs_obey_every_switch(sglang_env, tmp_path, version):
         expected = {e.id: installed and patch_table.disabled_reason(e, settings) is None for e in patch_table.TABLE}
         matrix[case] = report["acting"]
         assert report["acting"] == expected, case
+        assert any(expected.values()) is (case in ("defaults", "opted-in", "disable-patches-a", "disable-patches-b"))
         if not installed:
             assert report["sglang_pcie_loaded"] == [], case
     print(version, matrix)  # the switch matrix, for the record (pytest -s)

@@ -20,3 +20,23 @@ def test_every_payload_takes_the_settings_handed_down():
     for row in patch_table.TABLE:
         parameters = inspect.signature(baked.payload_of(row)).parameters
         assert "settings" in parameters and parameters["settings"].default is None, row.id
+
+
+def test_a_list_naming_an_id_that_is_no_patch_switches_every_patch_off_never_half_applied():
+    """README: such a list is not half-applied (the ids it names rightly off, the others on); every patch is off,
+    opt-ins given or not, as a kill switch that is not a boolean is read as on."""
+    from sglang_pcie.runtime.settings import load_settings
+
+    opt_ins = {row.opt_in.variable: "1" for row in patch_table.TABLE if row.opt_in}
+    named = patch_table.ids()[2]
+    known_only = load_settings({**opt_ins, "SGLANG_PCIE_DISABLE_PATCHES": named})
+    assert patch_table.unknown_ids(known_only) == []
+    assert {row.id for row in patch_table.TABLE if patch_table.disabled_reason(row, known_only)} == {named}
+
+    settings = load_settings({**opt_ins, "SGLANG_PCIE_DISABLE_PATCHES": f"{named},no-such-patch, other"})
+    assert patch_table.unknown_ids(settings) == ["no-such-patch", "other"]
+    assert {row.id: patch_table.disabled_reason(row, settings) for row in patch_table.TABLE} == \
+        {row.id: patch_table.UNKNOWN_ID_REASON for row in patch_table.TABLE}
+    # the kill switch still says what it is first
+    off = load_settings({"SGLANG_PCIE_DISABLE": "1", "SGLANG_PCIE_DISABLE_PATCHES": "no-such-patch"})
+    assert patch_table.disabled_reason(patch_table.TABLE[0], off) == "SGLANG_PCIE_DISABLE is set"

@@ -12,7 +12,7 @@ from sglang_pcie.patching.diffs import diffs_for, touched_files
 from support.cli import run_cli
 from support.releases import release_copy, replace_text
 
-from support import PATCH_IDS
+from support import PATCH_IDS, REPO
 
 
 @pytest.fixture
@@ -220,3 +220,39 @@ def test_a_dry_run_says_what_the_real_run_needs_when_the_folder_is_not_writable(
         assert code == 1 and out == "" and f"cannot write in {locked}" in err
         assert snapshot(target, version) == before
     assert results[0] == results[1]  # the dry run answers what the real run does
+
+
+def test_the_diffs_applied_are_those_whose_source_check_verify_patches_shows_applicable(capsys, copy_of, monkeypatch):
+    """verify-patches lists the opt-in patches as disabled (no switch given) with 'source check: applicable';
+    apply-diffs applies their diffs too, since the baked code asks the switches when SGLang imports it (every switch
+    works in baked diffs as in runtime patches). The output, --help and README say so."""
+    from sglang_pcie.patching import register
+    from sglang_pcie.runtime.patch_table import DISABLE_PATCHES_REASON
+
+    _, target, _ = copy_of("0.5.23")
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", "node-agreement")
+    code, out, _ = run_cli(capsys, "verify-patches", "--sglang-source", str(target), "--json")
+    rows = json.loads(out)["patches"]
+    fits = [row["id"] for row in rows if row["status"] == "applicable"
+            or row["status"] == "disabled" and row["detail"].endswith("(source check: applicable)")]
+    off = {row["id"] for row in rows if row["status"] == "disabled"}
+    assert code == 0 and off == {e.id for e in register.REGISTER if e.opt_in} | {"node-agreement"}
+
+    code, out, _ = run_cli(capsys, "apply-diffs", "--target", str(target), "--dry-run")
+    first, *notes = out.splitlines()
+    assert code == 0 and first.endswith(f": {', '.join(fits)}") and fits == PATCH_IDS
+    named = {line.split(":")[0].strip(): line for line in notes}
+    assert set(named) == off
+    for entry in register.REGISTER:
+        if entry.opt_in:
+            assert f"({entry.opt_in.off_reason})" in named[entry.id], named[entry.id]
+    assert f"({DISABLE_PATCHES_REASON})" in named["node-agreement"]
+
+    code, out, _ = run_cli(capsys, "apply-diffs", "--help")
+    help_text = " ".join(out.split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "applied where the patch's source check says applicable" in help_text
+    assert "The switches (SGLANG_PCIE_DISABLE_PATCHES, an opt-in such as SGLANG_PCIE_SM120_FUSION=1) do not choose" \
+           " the diffs" in help_text
+    assert "applies a diff only where the patch's source check says `applicable`" in readme
+    assert "The switches do not choose the diffs" in readme

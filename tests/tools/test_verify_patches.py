@@ -11,7 +11,7 @@ from sglang_pcie.patching.engine import STATUSES
 from support.cli import run_cli
 from support.releases import release_copy, replace_text
 
-from support import PATCH_IDS
+from support import PATCH_IDS, REPO
 
 
 @pytest.fixture
@@ -155,3 +155,24 @@ def test_no_sglang_to_check_is_exit_2_as_its_help_says(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "verify-patches")
     assert code == 2 and err.strip().endswith("no sglang installed here; use --sglang-source DIR or --sglang-version X")
     assert "2 for bad usage or settings, or no SGLang to check" in verify_patches.EPILOG
+
+
+def test_an_id_that_is_no_patch_exits_2_and_every_patch_is_reported_off(capsys, pristine_source, monkeypatch):
+    """README's settings table: a SGLANG_PCIE_DISABLE_PATCHES naming an id that is no patch switches every patch off
+    (one line listing the ids that exist) and verify-patches exits 2; the report shows what a server would do."""
+    from sglang_pcie.runtime.patch_table import UNKNOWN_ID_REASON
+
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", "drafter-delegation,drafter-delgation")
+    code, out, err = run_cli(capsys, "verify-patches", "--sglang-source", str(pristine_source("0.5.9")), "--json")
+    assert code == 2 and err.splitlines() == [
+        "sglang-pcie: error: SGLANG_PCIE_DISABLE_PATCHES='drafter-delegation,drafter-delgation' names no patch "
+        f"'drafter-delgation' (patch ids: {', '.join(PATCH_IDS)}); every patch is off until it names only patch ids"]
+    rows = json.loads(out)["patches"]
+    assert [row["status"] for row in rows] == ["disabled"] * len(PATCH_IDS)
+    assert all(row["detail"].startswith(f"{UNKNOWN_ID_REASON} (source check: ") for row in rows), rows
+    _, help_text, _ = run_cli(capsys, "verify-patches", "--help")
+    assert ("a SGLANG_PCIE_DISABLE_PATCHES that names an id that is no patch switches every patch off, and exits 2"
+            in " ".join(help_text.split()))
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert ("A list naming an id that is no patch switches every patch off (one warning listing the ids that exist;"
+            " verify-patches and env exit 2): it is never half-applied") in readme
