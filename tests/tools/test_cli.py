@@ -159,6 +159,8 @@ def test_readmes_tool_list_names_every_command_and_only_options_each_has():
     one of that command's, with the choices it writes (``--workload batch|latency|both``) the parser's own."""
     import re
 
+    from support import REPO
+
     lines = _readme_tool_lines()
     parsers = {name.removeprefix("sglang-pcie "): parser for name, parser in _parsers()[1:]}
     assert sorted(lines) == sorted(parsers)
@@ -172,6 +174,9 @@ def test_readmes_tool_list_names_every_command_and_only_options_each_has():
                 problems.append(f"{name}: README shows {option} {choices}, the parser {options[option].choices}")
     assert not problems, "\n".join(problems)
     assert "--compare-d2t DIR" in lines["check-drafter"]
+    pypi = (REPO / "docs" / "pypi.md").read_text()  # PyPI's page lists the commands too
+    commands = pypi[pypi.index("## Commands"):].split("each has `--help`")[0]
+    assert sorted(re.findall(r"`([\w-]+)`", commands)) == sorted(parsers)
 
 
 def test_readme_links_the_page_of_every_command_that_has_one():
