@@ -1,8 +1,9 @@
 #!/bin/bash
-# The accept-length alarm's evidence on ONE H200 (SGLang 0.5.16 from ../shared/gpu-e2e, this checkout's wheel
-# installed by its step2.sh): a Llama-8B-shaped `--acceptance mixed` pair from make-test-models, two broken copies of
-# its drafter (benchmarks/break_drafter.py: d2t shifted within the hot set, lm_head rows rotated), then
-# `sglang-pcie bench` with one server each, TP1, EAGLE-3 3 steps, --attention-backend triton:
+# The accept-length alarm's evidence on ONE H200 (SGLang 0.5.16 and this checkout's wheel installed into python3:
+# benchmarks/README.md, "GPU scripts from a clone"): a Llama-8B-shaped `--acceptance mixed` pair from
+# make-test-models, two broken copies of its drafter (benchmarks/break_drafter.py: d2t shifted within the hot set,
+# lm_head rows rotated), then `sglang-pcie bench` with one server each, TP1, EAGLE-3 3 steps, --attention-backend
+# triton:
 #   baseline      the good drafter, SGLANG_PCIE_DISABLE=1 (SGLang untouched; bench always runs it)
 #   overlay       the good drafter, overlay installed, nothing opted in: the alarm must stay silent
 #   d2t-shifted   the overlay; the alarm must fire, once, within the first minute; tokens must equal baseline's
@@ -15,8 +16,9 @@
 # ~1 min more: JIT builds) and ~1 min of workload: ~12 min in all, two or three calls.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
+source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/alarm-out}; mkdir -p "$OUT"
 RUN=/tmp/alarm-run
 MODELS=${MODELS:-/tmp/alarm-models}
@@ -24,6 +26,7 @@ MODELS=${MODELS:-/tmp/alarm-models}
 MODEL_SHAPE=${MODEL_SHAPE:---hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336}
 cd /tmp   # python3 -m imports the installed wheel, as users have it, not the checkout
 if [ "${COLLECT:-0}" != 1 ]; then
+  gpu_env --in /tmp python3 sglang sglang_pcie || exit 1  # SGLANG_PCIE_WHEELS=DIR: installs that set first
   python3 -m sglang_pcie verify-patches | grep -E "accept-length-alarm|^sglang" || exit 1
   if [ ! -s $MODELS/target/model.safetensors ]; then
     S=$(date +%s)

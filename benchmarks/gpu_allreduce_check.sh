@@ -1,7 +1,8 @@
 #!/bin/bash
-# Outputs across all-reduce variants on the `--all-reduce-check` test models (SGLang from ../shared/gpu-e2e, this
-# checkout's wheel installed by its step2.sh), from the checkout root. One `sglang-pcie bench` run, one server per
-# variant (--repeats 1: the point is the tokens, not throughput), every variant must-match the baseline:
+# Outputs across all-reduce variants on the `--all-reduce-check` test models (SGLang and this checkout's wheel
+# installed into python3: benchmarks/README.md, "GPU scripts from a clone"), from the checkout root. One
+# `sglang-pcie bench` run, one server per variant (--repeats 1: the point is the tokens, not throughput), every
+# variant must-match the baseline:
 #   baseline      SGLANG_PCIE_DISABLE=1, SGLang's defaults (at TP>1 on NVLink: its custom all-reduce)
 #   overlay       the overlay as installed
 #   nccl          --disable-custom-all-reduce: every all-reduce through NCCL (pynccl)
@@ -21,12 +22,14 @@
 # PRESET (e2e), ACCEPTANCE (mixed), CONCURRENCY (32), BATCH (64), STREAM (4), OUTPUT_LEN (128), LAUNCH_EXTRA.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 RUN=/tmp/ar-run MODELS=/tmp/ar-models CHECKOUT=$PWD
+source benchmarks/gpu_env.sh
 TP=${TP:-2}
 if [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
 if [ "${COLLECT:-0}" != 1 ]; then
+  gpu_env --in /tmp python3 sglang sglang_pcie || exit 1  # SGLANG_PCIE_WHEELS=DIR: installs that set first
   SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   cp benchmarks/allreduce_fault/allreduce_fault.py benchmarks/allreduce_fault/allreduce_fault.pth "$SITE/" || exit 1
   cd /tmp   # python3 -m imports the installed wheel, as users have it, not the checkout

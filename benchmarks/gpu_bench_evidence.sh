@@ -1,6 +1,7 @@
 #!/bin/bash
-# The bench evidence run on a GPU machine (SGLang from ../shared/gpu-e2e, this checkout's wheel installed by its
-# step2.sh): tiny test models, then `sglang-pcie bench` in counterbalanced repeats, in the background, with
+# The bench evidence run on a GPU machine (SGLang and this checkout's wheel installed into python3:
+# benchmarks/README.md, "GPU scripts from a clone"): tiny test models, then `sglang-pcie bench` in counterbalanced
+# repeats, in the background, with
 #   baseline   SGLANG_PCIE_DISABLE=1 (always run; every ratio is to it)
 #   overlay    the overlay as installed
 #   aa         a second overlay (--variant aa:base=overlay): an A/A pair, identical to overlay, so the table shows
@@ -22,13 +23,15 @@
 # Each server takes ~55 s to start (162 s the first time on a fresh machine: JIT builds) and ~17 s of workload.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 RUN=/tmp/bench-run
+source benchmarks/gpu_env.sh
 TP=${TP:-2}
 if [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(( TP - 1 ))); fi
 cd /tmp   # python3 -m imports the installed wheel, as users have it, not the checkout
 if [ "${COLLECT:-0}" != 1 ]; then
+  gpu_env --in /tmp python3 sglang sglang_pcie || exit 1  # SGLANG_PCIE_WHEELS=DIR: installs that set first
   python3 -m sglang_pcie make-test-models /tmp/bench-models --preset "${PRESET:-e2e}" \
     --acceptance "${ACCEPTANCE:-mixed}" || exit 1
   VARIANTS=(--variant overlay)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # draft-token-watch's and accept-length-alarm's evidence on ONE H200 (issue 33), in one lease, in the background
-# (SGLang 0.5.16 from ../shared/gpu-e2e; this checkout's wheel installed by its step2.sh):
+# (SGLang 0.5.16 and this checkout's wheel installed into python3: benchmarks/README.md, "GPU scripts from a clone"):
 #   0. the interleaved test pair (make-test-models --acceptance interleaved --preset e2e: hidden 2048, 8 layers; the
 #      next token is f of the token before the last, so each frequent token follows many different tokens; its
 #      healthy drafter accepted token by token; 3 in 4 random prompts walk its 128-token core) and its broken copies
@@ -14,7 +14,7 @@
 # Collect: bash benchmarks/gpu_draft_watch.sh collect    (WAIT s at most; call again WITHIN 30 s while RUNNING)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
 NAME=draftwatch
 M=/tmp/draftwatch-models

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU evidence of the third round, on ONE H200 (SGLang 0.5.16 from ../shared/gpu-e2e; this checkout's wheel
-# installed by its step2.sh), in the background, in one lease:
+# The GPU evidence of the third round, on ONE H200 (SGLang 0.5.16 and this checkout's wheel installed into python3:
+# benchmarks/README.md, "GPU scripts from a clone"), in the background, in one lease:
 #   1. doctor: the report and each probe's time (one GPU: no pair to copy between)
 #   2. the GPU-bound models (Llama-8B-shaped target, EAGLE-3 drafter, --acceptance mixed) and two broken copies of
 #      the drafter (benchmarks/break_drafter.py); check-drafter on the good one and on both broken ones
@@ -14,7 +14,7 @@
 #          the summary; call it again WITHIN 30 SECONDS of each return while it says RUNNING)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
 NAME=round3
 source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/round3, OUT, detached start|work|collect

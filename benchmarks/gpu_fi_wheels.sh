@@ -10,7 +10,8 @@
 #   ninja             the JIT build of the kernels at first use
 # Output: .gpu-fi/ in the checkout (listed in .git/info/exclude, not .gitignore), < 60 MiB.
 #     bash benchmarks/gpu_fi_wheels.sh [CHECKOUT]
-# On the GPU machine: pip install --no-index --no-deps --target /tmp/fi .gpu-fi/*.whl; PYTHONPATH=/tmp/fi
+# On the GPU machine, carried along: SGLANG_PCIE_FI_WHEELS=.gpu-fi bash benchmarks/gpu_nccl_ipc.sh (or ipc_smoke.sh):
+# they install it with pip install --no-index --no-deps --target /tmp/fi and put /tmp/fi first on PYTHONPATH.
 set -euo pipefail
 CHECKOUT=$(cd "${1:-.}" && pwd)
 cd "$CHECKOUT"

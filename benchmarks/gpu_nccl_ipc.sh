@@ -1,13 +1,16 @@
 #!/bin/bash
 # One GPU-machine run for "NCCL measured or untouched" and "The PCIe-IPC all-reduce, measured" (any rank count:
 # every visible GPU is used, so TP4/TP8 on a 4- or 8-GPU machine run the same way; TP=2 picks the first 2).
-#   bash benchmarks/gpu_nccl_ipc.sh            (from the checkout root; carry .gpu-fi/, see benchmarks/gpu_fi_wheels.sh)
+#   bash benchmarks/gpu_nccl_ipc.sh            (from the checkout root, torch installed in PYTHON, default python3)
+# FlashInfer (0.7.2 in the published runs): the python's own (pip install flashinfer-python==0.7.2), or, where the
+# machine has no package index, SGLANG_PCIE_FI_WHEELS=DIR: the wheel set benchmarks/gpu_fi_wheels.sh writes, installed
+# into /tmp/fi (PYTHONPATH) so that the python's own packages stay as they are.
 # Writes everything under $OUT (default /tmp/gpu-nccl-ipc): run.log, tune-p2p.{json,md}, tune-nop2p.{json,md},
 # ipc-bench/results.json, ipc.md, flashinfer-autotune/*.json, env.txt. Steps, in order of importance, each bounded
 # so that the whole run stays under BUDGET seconds (default 400; expected about 6 minutes on 2 x H200 with a cold
 # JIT build); a step that no longer fits is skipped, saying so:
-#   0. machine facts; FlashInfer 0.7.2 installed from .gpu-fi into /tmp/fi (PYTHONPATH), imported once and its
-#      PCIe-IPC kernels JIT-built once (nvcc), so the measuring processes load them from the cache;
+#   0. machine facts; FlashInfer (from SGLANG_PCIE_FI_WHEELS into /tmp/fi, or the python's own) imported once and
+#      its PCIe-IPC kernels JIT-built once (nvcc), so the measuring processes load them from the cache;
 #   1. sglang-pcie tune-nccl: decode 1,2,4,8 + prefill 512,2048,8192 tokens x 7168, 13 NCCL profiles, then the
 #      PCIe-IPC path (FlashInfer tune() into its default cache path, two measured runs);
 #   2. benchmarks/ipc_allreduce.py: IPC vs NCCL at 1-64 tokens x 4096 and 7168, CUDA graphs, sums checked;
@@ -30,10 +33,13 @@ step "0. machine"
   command -v nvcc && nvcc --version | tail -1
 } | tee "$OUT/env.txt"
 
-step "0. FlashInfer 0.7.2 from .gpu-fi"
+FI=${SGLANG_PCIE_FI_WHEELS:-}
+if [ -n "$FI" ]; then FROM="from $FI (SGLANG_PCIE_FI_WHEELS) into /tmp/fi"; else FROM="the python's own"; fi
+step "0. FlashInfer, $FROM"
 FI_OK=0
-if ls .gpu-fi/*.whl >/dev/null 2>&1 && rm -rf /tmp/fi && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi .gpu-fi/*.whl; then
-  export PYTHONPATH=/tmp/fi${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/fi/bin:$PATH
+if [ -z "$FI" ] || { ls "$FI"/*.whl >/dev/null 2>&1 && rm -rf /tmp/fi &&
+     $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi "$FI"/*.whl; }; then
+  [ -z "$FI" ] || export PYTHONPATH=/tmp/fi${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/fi/bin:$PATH
   # Import once (writes the .pyc files, builds tvm-ffi's torch addon if it needs one), then build the PCIe-IPC
   # kernels once; the measuring processes then load both from the caches.
   if timeout 150 $PY - <<'PY'
@@ -50,7 +56,7 @@ print(f"PCIe-IPC kernels built/loaded in {time.time() - t:.1f} s")
 PY
   then FI_OK=1; else echo "FlashInfer import/JIT build failed or timed out (above): the IPC path is reported as failed, NCCL runs on"; fi
 else
-  echo "FlashInfer wheels missing or did not install: the IPC path is not measured, NCCL runs on"
+  echo "FlashInfer wheels missing in $FI or did not install: the IPC path is not measured, NCCL runs on"
 fi
 $PY -m sglang_pcie env | tee -a "$OUT/env.txt"
 

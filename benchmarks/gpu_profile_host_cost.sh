@@ -1,7 +1,7 @@
 #!/bin/bash
-# The EAGLE profiler's cost where the host is the bottleneck, on ONE H200 (SGLang 0.5.16 from ../shared/gpu-e2e,
-# this checkout's wheel installed by its step2.sh): the e2e test models (hidden 2048, GPU busy ~65-75% of a cycle),
-# TP1, EAGLE-3 3 steps, batch 160 at concurrency 32 and 12 streamed requests at concurrency 1.
+# The EAGLE profiler's cost where the host is the bottleneck, on ONE H200 (SGLang 0.5.16 and this checkout's wheel
+# installed into python3: benchmarks/README.md, "GPU scripts from a clone"): the e2e test models (hidden 2048, GPU
+# busy ~65-75% of a cycle), TP1, EAGLE-3 3 steps, batch 160 at concurrency 32 and 12 streamed requests at concurrency 1.
 # First one warm-up server that is not measured (a fresh machine's first server JIT-builds kernels and, in round 3,
 # served at half the speed of a later one), then bench baseline / profile in counterbalanced order.
 #   MODE=ab (default): REPEATS (default 3) pairs, B P P B B P; the profiler as shipped.
@@ -12,7 +12,7 @@
 # Collect: WAIT=500 bash benchmarks/gpu_profile_host_cost.sh collect   (again within 30 s while it says RUNNING)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
 NAME=hostcost
 source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/hostcost, OUT, detached start|work|collect

@@ -1,14 +1,16 @@
 #!/bin/bash
 # A short GPU diagnosis of FlashInfer's PCIe-IPC all-reduce through tune-nccl's worker (the path that failed in the
 # first 2 x H200 run: "rank 0 exited without a report", and a 90 s timeout in ipc_allreduce.py).
-#   bash benchmarks/ipc_smoke.sh      (from the checkout root; carry .gpu-fi/, see benchmarks/gpu_fi_wheels.sh)
+#   bash benchmarks/ipc_smoke.sh      (from the checkout root, torch and FlashInfer 0.7.2 installed in PYTHON, default
+#                                      python3; without a package index SGLANG_PCIE_FI_WHEELS=DIR, the wheel set
+#                                      benchmarks/gpu_fi_wheels.sh writes, goes into /tmp/fi instead)
 # Bounded by BUDGET seconds (default 240); a step that no longer fits is skipped, saying so. Everything also goes to
 # $OUT/smoke.log (default OUT=/tmp/ipc-smoke). Steps:
-#   0. FlashInfer 0.7.2 from .gpu-fi into /tmp/fi (PYTHONPATH), imported and the JIT modules the IPC path needs
-#      built once, in one process (so the ranks load them, not race to build them): pcie_ipc_comm (the kernels) and
-#      trtllm_utils (the delay kernel FlashInfer's autotuner launches before timing each candidate: if it cannot be
-#      built, tune() counts every candidate as failed and saves nothing - a trimmed wheel without
-#      data/csrc/nv_internal does that);
+#   0. FlashInfer (SGLANG_PCIE_FI_WHEELS into /tmp/fi on PYTHONPATH, else the python's own), imported and the JIT
+#      modules the IPC path needs built once, in one process (so the ranks load them, not race to build them):
+#      pcie_ipc_comm (the kernels) and trtllm_utils (the delay kernel FlashInfer's autotuner launches before timing
+#      each candidate: if it cannot be built, tune() counts every candidate as failed and saves nothing - a trimmed
+#      wheel without data/csrc/nv_internal does that);
 #   1. the IPC path at TOKENS (default 1,8) x HIDDEN (default 7168) bf16, 122 all-reduces per CUDA graph, sums
 #      checked, FlashInfer's seed launch configurations (--no-tune): workspace, prepare, capture, replay, destroy;
 #   2. the same with FlashInfer's tune() first (rows 1,2,4,8 for 8 tokens, as SGLang's adapter asks for an 8-row
@@ -26,12 +28,22 @@ TOKENS=${TOKENS:-1,8}
 LOG=smoke.log
 source benchmarks/gpu_common.sh
 
-step "0. FlashInfer 0.7.2 from .gpu-fi"
-if ! ls .gpu-fi/*.whl >/dev/null 2>&1; then echo "no .gpu-fi/*.whl here (carry .gpu-fi): nothing to test"; exit 1; fi
-if [ ! -d /tmp/fi/flashinfer ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi .gpu-fi/*.whl || { echo "pip install failed"; exit 1; }
+FI=${SGLANG_PCIE_FI_WHEELS:-}
+if [ -n "$FI" ]; then
+  step "0. FlashInfer from $FI (SGLANG_PCIE_FI_WHEELS) into /tmp/fi"
+  if ! ls "$FI"/*.whl >/dev/null 2>&1; then echo "no $FI/*.whl (SGLANG_PCIE_FI_WHEELS): nothing to test"; exit 1; fi
+  if [ ! -d /tmp/fi/flashinfer ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi "$FI"/*.whl \
+      || { echo "pip install failed"; exit 1; }
+  fi
+  export PYTHONPATH=/tmp/fi:$PYTHONPATH PATH=/tmp/fi/bin:$PATH
+else
+  step "0. FlashInfer, the python's own (no SGLANG_PCIE_FI_WHEELS)"
+  if ! $PY -c "import flashinfer" 2>/dev/null; then
+    echo "$PY cannot import flashinfer: pip install flashinfer-python==0.7.2, or without a package index" \
+         "SGLANG_PCIE_FI_WHEELS=DIR (bash benchmarks/gpu_fi_wheels.sh writes one): nothing to test"; exit 1
+  fi
 fi
-export PYTHONPATH=/tmp/fi:$PYTHONPATH PATH=/tmp/fi/bin:$PATH
 T=$(( $(left) - 30 )); [ $T -gt 150 ] && T=150
 STEP0=$(date +%s)
 timeout $T $PY - <<'PY'
@@ -48,7 +60,7 @@ print(f"PCIe-IPC kernels (pcie_ipc_comm) built/loaded in {time.time() - t:.1f} s
 missing = [str(s) for s in gen_trtllm_utils_module().sources if not os.path.exists(s)]
 if missing:
     print(f"trtllm_utils (the autotuner's delay kernel) cannot be built: {len(missing)} source(s) missing, e.g. {missing[0]}"
-          " - tune() will count every candidate as failed and save nothing (rebuild .gpu-fi keeping data/csrc/nv_internal)", flush=True)
+          " - tune() will count every candidate as failed and save nothing (a wheel set must keep data/csrc/nv_internal)", flush=True)
     sys.exit(3)
 t = time.time()
 get_trtllm_utils_module()

@@ -55,7 +55,7 @@ class Shape:
 
 PRESETS = {
     "tiny": Shape(),
-    # The shapes of the first 2 x H200 run (../shared/gpu-e2e): host-bound decode with CUDA graphs.
+    # The shapes of the first real SGLang server on 2 x H200 (0.5.16): host-bound decode with CUDA graphs.
     "e2e": Shape(hidden=2048, layers=8, heads=16, kv_heads=8, intermediate=5632),
 }
 
