@@ -111,6 +111,7 @@ class DraftWatch:
         self.pending = False
         self.counted = 0  # first drafts counted (known on the host: the batch sizes)
         self.counted_at_read = 0
+        self.at_look = None  # (counted, sampled, calls, own_seconds, interval) when the last look's counts were taken
         self.last_read = None
         self.looks = 0
         self.vocab = 0
@@ -254,6 +255,8 @@ class DraftWatch:
             # a look each time the counts double, and every look_seconds: a short burst of traffic is judged too
             self.last_read, self.counted_at_read = now, self.counted
             self.count_buffered()
+            # the figures a look's lines give, as they are now: the counts read back are these first drafts
+            self.at_look = (self.counted, self.sampled, self.calls, self.own_seconds, self.interval)
             torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
             self.host.copy_(self.counts, non_blocking=True)
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
@@ -278,15 +281,19 @@ class DraftWatch:
         elif finding is not None and self.looks & (self.looks - 1) == 0:  # looks 1, 2, 4, 8, ...
             self.logger.info(f"{LOG_PREFIX}: look {self.looks}: {finding['tested']} tokens tested, {finding['dead']}"
                              f" never accepted (a healthy drafter: at most {finding['expected_dead']:.2g} expected),"
-                             f" no warning; {self.cost_text()}")
+                             f" no warning; {self.cost_text(self.at_look)}")
 
-    def cost_text(self) -> str:
-        """The watch's own host time, as measured (the one-time set-up apart)."""
-        per_verify = self.own_seconds / self.sampled if self.sampled else 0.0
-        share = self.own_seconds / (self.calls * self.interval) if self.calls and self.interval else 0.0
-        return (f"{self.counted:,} first drafts counted in {self.sampled:,} of {self.calls:,} verifies (1 in"
+    def cost_text(self, at=None) -> str:
+        """The watch's own host time, as measured (the one-time set-up apart); ``at``: the figures as they were when
+        a look's counts were taken (``at_look``), so that a look's lines give one count of first drafts, the one
+        judged (the read-back completes verifies later, when more have been counted)."""
+        counted, sampled, calls, own, interval = at or (self.counted, self.sampled, self.calls, self.own_seconds,
+                                                        self.interval)
+        per_verify = own / sampled if sampled else 0.0
+        share = own / (calls * interval) if calls and interval else 0.0
+        return (f"{counted:,} first drafts counted in {sampled:,} of {calls:,} verifies (1 in"
                 f" {self.stride}); own host time {per_verify * 1e6:.1f} us per counted verify, {share:.3%} of the"
-                f" time between verifies ({(self.interval or 0) * 1e3:.2f} ms); set-up {self.setup_seconds * 1e3:.1f}"
+                f" time between verifies ({(interval or 0) * 1e3:.2f} ms); set-up {self.setup_seconds * 1e3:.1f}"
                 " ms once")
 
     def _off(self, why: str) -> None:
@@ -379,6 +386,7 @@ def warning_message(server: dict, finding: dict, watch: DraftWatch) -> str:
         f"  check the drafter against its target: {check_command(server)}" if server else "",
         f"  (test: {finding['tested']} tokens proposed in enough different contexts to test, {finding['expected_dead']:.2g} never "
         f"accepted expected at most for a healthy drafter, P <= {finding['tail']:.1e}; look {finding['look']}; "
-        f"{watch.cost_text()}; one warning per server; switch off: SGLANG_PCIE_DISABLE_PATCHES={PATCH_ID})",
+        f"{watch.cost_text(watch.at_look)}; one warning per server;"
+        f" switch off: SGLANG_PCIE_DISABLE_PATCHES={PATCH_ID})",
     ]
     return "\n".join(line for line in lines if line)

@@ -5,6 +5,7 @@ samples, that it never raises into SGLang, and that it stays silent where it doe
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -120,6 +121,37 @@ def test_a_token_is_tested_only_once_h0_makes_its_silence_unlikely():
     assert finding["dead"] == 0 and finding["tested"] == 180
 
 
+def test_a_looks_warning_gives_one_count_of_first_drafts_the_one_judged():
+    """The H200 d2t 40% warning said '9,060 counted first drafts' and, in its test line, '9,092 first drafts counted':
+    the read-back is judged verifies after the look took its counts, and the test line read the counters then. The
+    figures of a look's lines are those of the moment its counts were taken."""
+    import logging
+
+    proposed = np.full(250, 40, dtype=np.int64)
+    accepted = np.full(250, 24, dtype=np.int64)
+    accepted[:13] = 0  # 5.2% of the first drafts never accepted, in 40 contexts each
+    watch = dw.DraftWatch()
+    watch.logger = logging.getLogger("test-draft-watch")
+    watch.counted, watch.sampled, watch.calls, watch.own_seconds, watch.interval = 10_000, 300, 6_000, 0.03, 0.008
+    watch.at_look = (10_000, 300, 6_000, 0.03, 0.008)  # what the look's counts hold
+    watch.counted, watch.sampled, watch.calls = 10_032, 301, 6_021  # counted on while the copy came back
+    watch.judge_counts(np.concatenate([proposed, accepted, np.full(250, 40, dtype=np.int64)]))
+    assert watch.state == dw.WARNED and len(watch.lines) == 1
+    counts = re.findall(r"([\d,]+) (?:counted first drafts|first drafts counted)", watch.lines[0])
+    assert counts == ["10,000", "10,000"], watch.lines[0]
+    assert "in 300 of 6,000 verifies" in watch.lines[0]
+
+
+def test_the_pages_context_buckets_before_a_token_is_tested_follow_from_the_constants():
+    """docs/draft-token-watch.md: a wrong token is tested once H0 gives it at most Q_TESTED of never being accepted,
+    (1 - FLOOR_SHARE p)^n <= Q_TESTED: n context buckets at first-draft acceptance p = 75% and 48%."""
+    from support import REPO
+
+    needed = [math.ceil(math.log(dw.Q_TESTED) / math.log1p(-dw.FLOOR_SHARE * p)) for p in (0.75, 0.48)]
+    page = " ".join((REPO / "docs" / "draft-token-watch.md").read_text().split())
+    assert needed == [23, 37] and f"proposed in {needed[0]}-{needed[1]} context buckets" in page
+
+
 # ------------------------------------------------------------------------------------------ the wrapper
 
 
@@ -144,6 +176,8 @@ def test_a_partly_wrong_map_is_named_once_with_the_check_drafter_command(scenari
     assert wrong["state"] == dw.WARNED and len(wrong["lines"]) == 1 and wrong["top"] == [3, 13, 23, 33]
     assert "never accepted" in wrong["lines"][0]
     assert "sglang-pcie check-drafter --draft /m/draft --target /m/target" in wrong["lines"][0]
+    # one count of first drafts in the warning: the one its look judged
+    assert len(set(re.findall(r"([\d,]+) (?:counted first drafts|first drafts counted)", wrong["lines"][0]))) == 1
     assert wrong["calls"] < 600  # judged as the counts doubled, not only every look_seconds
 
 

@@ -4,6 +4,7 @@ simulated tensor-parallel faults, and the benchmark helpers that use them on GPU
 from __future__ import annotations
 
 import ast
+import re
 import json
 import struct
 from dataclasses import replace
@@ -515,3 +516,31 @@ def test_the_gpu_fault_hook_patches_sglangs_row_parallel_linear(sglang_env, tmp_
     assert env.run_json(code, env={"SGLANG_USE_CPU_ENGINE": "1"}) == "forward"
     proc = env.run(code, env={"AR_FAULT": "2", "AR_FAULT_RANK": "0", "SGLANG_USE_CPU_ENGINE": "1"})
     assert "allreduce_fault: TP rank 0 multiplies its RowParallelLinear partials by 2.0" in proc.stderr
+
+
+def test_every_pages_usage_line_offers_every_construction():
+    """The usage lines README and docs/bench.md print (`... [--acceptance a|b|...]`) name every construction the
+    command takes (bench.md's lacked `interleaved`)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    lines = [(page.name, line) for page in pages for line in page.read_text().splitlines()
+             if line.startswith("sglang-pcie make-test-models") and "[--acceptance " in line]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    test_models.add_arguments(parser)
+    offered = next(a.choices for a in parser._actions if "--acceptance" in a.option_strings)
+    assert {name for name, _ in lines} >= {"README.md", "bench.md"} and "interleaved" in offered
+    for name, line in lines:
+        written = re.search(r"\[--acceptance ([\w|]+)\]", line).group(1).split("|")
+        assert sorted(written) == sorted(offered), (name, line)
+
+
+def test_the_tokenwise_figures_the_pages_quote_are_the_raw_files():
+    """docs/make-test-models.md and docs/bench.md quote the tokenwise CPU run with the 512-token core."""
+    raw = (REPO / "benchmarks/results/2026-12-04-cpu/tokenwise_drafter_core.txt").read_text()
+    figures = [f"{float(x):.3f}" for x in re.findall(r"accept length ([\d.]+)", raw)]
+    assert figures == ["2.707", "1.000", "2.430", "1.685"]
+    page = (REPO / "docs" / "make-test-models.md").read_text()
+    assert all(f"| {x} |" in page for x in figures)
+    bench = " ".join((REPO / "docs" / "bench.md").read_text().split())
+    assert "(2.43 / 1.69 against 2.71;" in bench
