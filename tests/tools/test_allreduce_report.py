@@ -88,3 +88,102 @@ def test_env_without_gpus_says_no_gpu_visible(monkeypatch, capsys, tmp_path):
     cli.main(["env", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert data["allreduce"]["server_uses"] == "no all-reduce" and "ipc" not in data  # nothing to decide
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Each line of the report, pinned: which paths are listed for how many GPUs, what each says is missing, the figure
+# the PCIe-IPC line names, and where the SGLang it describes came from.
+
+IPC_ON = allreduce_paths.IpcDecision({}, {}, "tune-nccl measured it faster", on=True)
+
+
+def ipc_report(monkeypatch, pristine_source, topology, ipc=IPC_ON, release="0.5.23", fi=FI_NEW, **decision):
+    monkeypatch.setattr(allreduce_paths, "flashinfer_install", lambda: fi)
+    fields = dict(dict(requested="auto", profile="none", values={}, user_set={}, reason="auto: test"), **decision)
+    made = nccl.NcclDecision(fields["requested"], fields["profile"], fields["values"], fields["user_set"],
+                             fields["reason"], topology, None, None, ipc)
+    return report(made, pristine_source(release) if release else None)
+
+
+def test_one_gpu_lists_no_custom_path_assumes_nothing_and_keeps_the_ipc_path_off(monkeypatch, pristine_source):
+    one = Topology(["NVIDIA H200"], None, None, "nvml", "1 GPU(s)")
+    rep = ipc_report(monkeypatch, pristine_source, one)
+    assert [p["path"] for p in rep["paths"]] == ["PCIe-IPC all-reduce (FlashInfer)", "NCCL"]
+    assert rep["paths"][0]["on"] is False and rep["paths"][0]["available"] is True  # switched on, but one GPU
+    assert (rep["server_uses"], rep["why"]) == ("no all-reduce", "one GPU visible") and "assumes" not in rep
+    assert format_report(rep)[-1] == "  a server started now uses: no all-reduce. Why: one GPU visible"
+
+
+def test_no_gpu_says_why_from_the_probe(monkeypatch, pristine_source):
+    rep = ipc_report(monkeypatch, pristine_source, Topology(detail="no NVIDIA driver, or it lists none"))
+    assert (rep["server_uses"], rep["why"]) == ("no all-reduce", "no GPU visible: no NVIDIA driver, or it lists none")
+
+
+def test_a_world_the_ipc_kernels_do_not_support_keeps_it_off_and_says_so(monkeypatch, pristine_source):
+    rep = ipc_report(monkeypatch, pristine_source, PCIE3)  # 3 GPUs: the kernels know 2, 4 and 8 ranks
+    ipc = rep["paths"][1]
+    assert ipc["available"] is True and ipc["on"] is False
+    assert ipc["detail"].endswith("on: tune-nccl measured it faster; its kernels do not support 3 ranks (2, 4, 8)")
+    assert rep["server_uses"] == "NCCL for every reduction" and rep["assumes"] == "tensor parallelism over all 3 visible GPUs"
+    assert "its kernels do not support" not in ipc_report(monkeypatch, pristine_source, PCIE4)["paths"][1]["detail"]
+
+
+@pytest.mark.parametrize("values, user_set, named", [
+    ({MAX_NUMEL_VAR: "14336"}, {}, "14336"),
+    ({}, {MAX_NUMEL_VAR: "4096"}, "4096"),  # the user's value, where the overlay wrote none
+    ({MAX_NUMEL_VAR: "14336"}, {MAX_NUMEL_VAR: "4096"}, "14336"),
+    ({}, {}, "SGLang's decode width x hidden"),
+])
+def test_the_ipc_bound_named_is_the_written_value_else_the_users_else_sglangs(monkeypatch, pristine_source, values,
+                                                                              user_set, named):
+    ipc = allreduce_paths.IpcDecision(values, user_set, "measured", on=True)
+    rep = ipc_report(monkeypatch, pristine_source, PCIE4, ipc=ipc)
+    assert rep["server_uses"] == f"PCIe-IPC all-reduce for bf16 reductions up to {named} elements, NCCL above"
+    assert rep["why"] == "custom all-reduce: 4 GPUs without NVLink between all of them (it needs NVLink above 2 GPUs);" \
+                         " PCIe-IPC: measured"
+
+
+def test_the_nccl_line_names_the_profile_and_every_value_it_sets_or_keeps(monkeypatch, pristine_source):
+    rep = ipc_report(monkeypatch, pristine_source, PCIE2_NO_P2P, profile="tuned", values={"NCCL_PROTO": "LL"},
+                     user_set={"NCCL_ALGO": "Ring"})
+    assert rep["paths"][-1] == {"path": "NCCL", "available": True,
+                                "detail": "profile tuned: NCCL_PROTO=LL NCCL_ALGO=Ring (every reduction the others"
+                                          " leave)"}
+    plain = ipc_report(monkeypatch, pristine_source, PCIE2_NO_P2P)
+    assert plain["paths"][-1]["detail"] == "its defaults (every reduction the others leave)"
+
+
+def test_without_sglang_the_ipc_line_names_only_that(monkeypatch):
+    """No SGLang here (the tests' own python): not available, and no FlashInfer clause (a release without the
+    adapter gets one: test_report_says_what_is_missing_per_release)."""
+    monkeypatch.setattr(allreduce_paths, "flashinfer_install", lambda: FI_NONE)
+    monkeypatch.setattr(allreduce_paths, "sglang_install", lambda root=None: allreduce_paths.SglangInstall(None, None,
+                                                                                                          False))
+    rep = report(decision_with(PCIE2_P2P))
+    assert rep["paths"][1]["detail"] == "not available: SGLang is not installed here" and not rep["paths"][1]["on"]
+    assert rep["server_uses"] == "custom all-reduce up to 8 MiB, NCCL above"  # 2 GPUs with peer-to-peer
+    head = format_report(rep)[0]
+    assert head == ("All-reduce paths (2 GPU(s); NVLink no; peer-to-peer yes; SGLang not installed; FlashInfer not"
+                    " installed):")
+    assert "sglang_from" not in rep
+
+
+def test_an_adapterless_release_also_names_the_flashinfer_it_would_need(monkeypatch, pristine_source):
+    rep = ipc_report(monkeypatch, pristine_source, PCIE4, release="0.5.16")
+    assert rep["paths"][1]["detail"] == ("not available: SGLang 0.5.16 has no PCIe-IPC all-reduce adapter (SGLang"
+                                         " 0.5.21 adds it), and FlashInfer >= 0.7.0 for its kernels")
+    assert rep["paths"][1]["available"] is False and rep["paths"][1]["on"] is False
+    assert rep["why"].endswith("PCIe-IPC off: SGLang 0.5.16 has no PCIe-IPC all-reduce adapter (SGLang 0.5.21 adds"
+                               " it)")
+
+
+def test_a_release_checked_elsewhere_is_said_to_be_that_not_this_machines(monkeypatch, pristine_source):
+    monkeypatch.setattr(allreduce_paths, "flashinfer_install", lambda: FI_NEW)
+    source = pristine_source("0.5.23")
+    elsewhere = report(decision_with(PCIE2_NO_P2P), source, elsewhere=True)
+    assert elsewhere["sglang_from"] == str(source)
+    assert format_report(elsewhere)[0] == (
+        f"All-reduce paths (this machine: 2 GPU(s); NVLink no; peer-to-peer no; FlashInfer 0.7.2. SGLang 0.5.23 from"
+        f" {source}, the release checked, not this machine's install):")
+    here = report(decision_with(PCIE2_NO_P2P), source)
+    assert "sglang_from" not in here and format_report(here)[0].startswith("All-reduce paths (2 GPU(s);")

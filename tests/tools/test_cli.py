@@ -189,3 +189,101 @@ def test_readme_links_the_page_of_every_command_that_has_one():
     linked = set(re.findall(r"\]\(docs/([\w-]+)\.md\)", pages))
     have_page = {name for name in _readme_tool_lines() if (REPO / "docs" / f"{name}.md").is_file()}
     assert have_page - linked == set() and "tune-spec" in have_page
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The protocol every command shares (tools/command.py, run by tools/cli.py), on a command of the test's own.
+
+
+@pytest.fixture
+def probe_command(monkeypatch):
+    """A command ``probe`` in place of the real ones: what it was handed, and what it should do."""
+    from sglang_pcie.tools import cli
+    from sglang_pcie.tools.command import Command, UsageError
+
+    seen = {}
+
+    def add_arguments(p):
+        p.add_argument("--flag", action="store_true", help="a flag")
+
+    def run(args):
+        seen.update(argv=args.argv, passthrough=args.passthrough, flag=args.flag)
+        if seen.get("raise"):
+            raise UsageError(seen["raise"])
+        return seen.get("code", 0)
+
+    def install(**fields):
+        command = Command("probe", "probes the protocol", add_arguments, run, **fields)
+        monkeypatch.setattr(cli, "commands", lambda: [command])
+        return command
+
+    return install, seen
+
+
+def test_what_follows_the_first_double_dash_goes_to_a_command_that_takes_it(capsys, probe_command):
+    install, seen = probe_command
+    install(passthrough=True)
+    code, _, _ = run_cli(capsys, "probe", "--flag", "--", "--model-path", "m", "--", "x")
+    assert code == 0 and seen["passthrough"] == ["--model-path", "m", "--", "x"] and seen["flag"] is True
+    assert seen["argv"] == ["--flag", "--", "--model-path", "m", "--", "x"]  # as typed after the command's name
+    run_cli(capsys, "probe")
+    assert seen["passthrough"] is None and seen["argv"] == []
+
+
+@pytest.mark.parametrize("after, shown", [(["a", "b"], "a b"), ([], "none")])
+def test_a_command_that_takes_nothing_after_double_dash_refuses_it_in_one_line(capsys, probe_command, after, shown):
+    install, seen = probe_command
+    install()
+    code, out, err = run_cli(capsys, "probe", "--", *after)
+    assert (code, out, err) == (2, "", f"sglang-pcie probe: error: takes no arguments after '--' (got {shown})\n")
+    assert seen == {}  # it never ran
+
+
+def test_a_usage_error_is_one_line_under_the_commands_prefix_and_exit_2(capsys, probe_command):
+    install, seen = probe_command
+    install(error_prefix="sglang-pcie")
+    seen["raise"] = "--flag: not today"
+    assert run_cli(capsys, "probe", "--flag") == (2, "", "sglang-pcie: error: --flag: not today\n")
+    install()
+    assert run_cli(capsys, "probe", "--flag") == (2, "", "sglang-pcie probe: error: --flag: not today\n")
+
+
+def test_the_commands_own_status_is_the_exit_status_and_help_defaults_to_its_line(capsys, probe_command):
+    install, seen = probe_command
+    install(epilog="Exit status: 0, or 3.")
+    seen["code"] = 3
+    assert run_cli(capsys, "probe")[0] == 3
+    code, out, _ = run_cli(capsys, "probe", "--help")
+    assert code == 0 and "probes the protocol" in out and "Exit status: 0, or 3." in out
+    install(description="a longer description")
+    assert "a longer description" in run_cli(capsys, "probe", "--help")[1]
+
+
+def test_version_and_argparse_errors_exit_as_argparse_says(capsys):
+    import sglang_pcie
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert (code, out) == (0, f"sglang-pcie {sglang_pcie.__version__}\n")
+    code, _, err = run_cli(capsys, "env", "--no-such-option")
+    assert code == 2 and "unrecognized arguments: --no-such-option" in err
+    assert run_cli(capsys)[0] == 2  # no command
+
+
+def test_a_reader_that_left_ends_the_command_with_141_and_no_traceback():
+    """``sglang-pcie env | head``, the reader gone before the first write: the shell's status for a broken pipe
+    (128 + SIGPIPE), nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sglang_pcie", "env"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, timeout=120,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PCIE_")})
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")

@@ -49,3 +49,74 @@ def test_a_box_without_gpus_is_said_once_per_line(capsys, monkeypatch):
     assert code == 0 and "GPUs: no GPU visible (no NVIDIA driver, or it lists none)" in out, out
     for clause in out.replace(":", ";").split(";"):
         assert clause.count("GPU visible") <= 1, clause
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The human report, line by line, and what --nnodes changes
+
+
+def test_values_written_and_values_kept_each_have_their_line(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "pcie")
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    code, out, err = run_cli(capsys, "env")
+    lines = out.splitlines()
+    assert code == 0 and err == ""
+    assert lines[:2] == ["SGLANG_PCIE_NCCL_PROFILE: pcie -> profile pcie",
+                         "why: SGLANG_PCIE_NCCL_PROFILE=pcie (explicit; not measured here)"]
+    assert "would set NCCL_ALGO=Ring" in lines and "keeps NCCL_PROTO=Simple (set by the user)" in lines
+    assert "would set nothing: NCCL defaults" not in out and "nodes:" not in out
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "off")
+    monkeypatch.delenv("NCCL_PROTO")
+    code, out, _ = run_cli(capsys, "env")
+    assert code == 0 and "would set nothing: NCCL defaults" in out.splitlines() and "would set NCCL" not in out
+
+
+def test_only_kept_values_is_not_nothing(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "off")
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    from sglang_pcie.runtime import nccl
+
+    kept = nccl.NcclDecision("off", "none", {}, {"NCCL_PROTO": "Simple"}, "test: kept", Topology())
+    monkeypatch.setattr(nccl, "decide", lambda *a, **k: kept)
+    out = run_cli(capsys, "env")[1]
+    assert "keeps NCCL_PROTO=Simple (set by the user)" in out and "would set nothing" not in out
+
+
+def test_the_pcie_ipc_switch_and_the_advice_are_said(capsys, monkeypatch):
+    from sglang_pcie.runtime import nccl
+    from sglang_pcie.runtime.allreduce import ENABLE_VAR, MAX_NUMEL_VAR, IpcDecision
+
+    ipc = IpcDecision({ENABLE_VAR: "1"}, {MAX_NUMEL_VAR: "4096"}, "measured faster", on=True)
+    made = nccl.NcclDecision("auto", "none", {}, {}, "auto: test", Topology(), "run tune-nccl again", None, ipc)
+    monkeypatch.setattr(nccl, "decide", lambda *a, **k: made)
+    code, out, _ = run_cli(capsys, "env")
+    lines = out.splitlines()
+    assert code == 0 and "advice: run tune-nccl again" in lines
+    assert f"would set {ENABLE_VAR}=1" in lines and f"keeps {MAX_NUMEL_VAR}=4096 (set by the user)" in lines
+
+
+def test_nnodes_describes_a_launch_and_ignores_what_the_environment_says(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "off")
+    monkeypatch.setenv("SLURM_NNODES", "3")
+    out = run_cli(capsys, "env")[1]
+    assert "nodes: a launch over 3 nodes (SLURM_NNODES=3)" in out.splitlines()  # this environment's launch
+    code, out, _ = run_cli(capsys, "env", "--nnodes", "1")
+    assert code == 0 and "nodes:" not in out  # one node, as asked: SLURM's count does not apply
+    out = run_cli(capsys, "env", "--nnodes", "2", "--json")[1]
+    assert json.loads(out)["nodes"] == {"count": 2, "source": "--nnodes 2"}
+
+
+@pytest.mark.parametrize("nodes", ["0", "-1"])
+def test_nnodes_below_one_is_a_usage_error(capsys, nodes):
+    assert run_cli(capsys, "env", "--nnodes", nodes) == (
+        2, "", f"sglang-pcie: error: --nnodes {nodes}: give a number of nodes, 1 or more\n")
+
+
+def test_a_bad_setting_still_prints_the_report_and_exits_2(capsys, monkeypatch):
+    monkeypatch.setenv("EAGLE3_PROFILE_INTERVAL", "0")
+    code, out, err = run_cli(capsys, "env", "--json")
+    assert code == 2 and json.loads(out)["allreduce"]["paths"] and "EAGLE3_PROFILE_INTERVAL='0'" in err
+    code, out, _ = run_cli(capsys, "env")
+    assert code == 2 and out.startswith("SGLANG_PCIE_NCCL_PROFILE: ")
+    monkeypatch.delenv("EAGLE3_PROFILE_INTERVAL")
+    assert run_cli(capsys, "env", "--json")[0] == 0

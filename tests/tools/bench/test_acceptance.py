@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_pcie.tools.bench.acceptance import accept_at_least, accept_histogram, acceptance
+from sglang_pcie.tools.bench.acceptance import (accept_at_least, accept_histogram, accept_length, acceptance,
+                                                 request_histogram)
 
 
 def replies(*metas):
@@ -51,3 +52,31 @@ def test_without_the_key_the_figures_are_null(run_bench):
         for phase in ("batch", "stream"):
             assert run["metrics"][phase]["accept_hist"] is None and run["metrics"][phase]["accept_at_least"] is None
         assert run["metrics"]["accept_length"] == pytest.approx(12 / 6)  # the accept length as before
+
+
+def test_each_speculative_request_keeps_its_own_histogram_in_order():
+    """tune-spec's per-request model: a drafter accepted on some requests and not others is not one pooled
+    histogram, so each request's row carries its own counts (under either name), never the phase's sum."""
+    served = replies({"completion_tokens": 9, "spec_verify_ct": 3, "spec_correct_drafts_histogram": [0, 0, 3]},
+                     {"completion_tokens": 4},  # not speculative: no row
+                     {"completion_tokens": 5, "spec_verify_ct": 4, "spec_accept_histogram": [3, 1]},
+                     {"completion_tokens": 6, "spec_verify_ct": 2})  # speculative, without a histogram
+    figures = acceptance(served)
+    assert figures["requests_spec"] == [[9, 3, [0, 0, 3]], [5, 4, [3, 1]], [6, 2, None]]
+    assert figures["accept_hist"] == [3, 1, 3]  # the phase's sum, apart
+    assert figures["accept_length"] == pytest.approx((9 + 5 + 6) / (3 + 4 + 2))
+
+
+def test_accept_length_is_sglangs_ratio_over_the_speculative_requests_or_without_the_prefill_token():
+    served = replies({"completion_tokens": 16, "spec_verify_ct": 5}, {"completion_tokens": 7, "spec_verify_ct": 2},
+                     {"completion_tokens": 9}, {"completion_tokens": 3, "spec_verify_ct": 0})  # the last two: left out
+    assert accept_length(served) == pytest.approx(23 / 7)
+    assert accept_length(served, decode_only=True) == pytest.approx(21 / 7)  # one prefill token per request
+    assert accept_length(served[2:]) is None and accept_length([]) is None
+    assert accept_length(replies({"spec_verify_ct": 2})) == 0.0  # completion_tokens missing: no tokens counted
+
+
+def test_request_histogram_prefers_the_current_name_and_has_none_without_either():
+    assert request_histogram({"spec_correct_drafts_histogram": [1, 2], "spec_accept_histogram": [9]}) == [1, 2]
+    assert request_histogram({"spec_correct_drafts_histogram": None, "spec_accept_histogram": [9]}) == [9]
+    assert request_histogram({"completion_tokens": 3}) is None
