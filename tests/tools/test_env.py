@@ -120,3 +120,10 @@ def test_a_bad_setting_still_prints_the_report_and_exits_2(capsys, monkeypatch):
     assert code == 2 and out.startswith("SGLANG_PCIE_NCCL_PROFILE: ")
     monkeypatch.delenv("EAGLE3_PROFILE_INTERVAL")
     assert run_cli(capsys, "env", "--json")[0] == 0
+
+
+def test_an_invalid_profile_is_named_invalid_and_exits_2(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "bogus")
+    code, out, err = run_cli(capsys, "env")
+    assert code == 2 and out.startswith("SGLANG_PCIE_NCCL_PROFILE: invalid -> profile ")
+    assert "SGLANG_PCIE_NCCL_PROFILE='bogus'" in err
