@@ -88,3 +88,30 @@ def test_interleaved_drafter_varies_by_context_and_breaks_lower_it(sglang_env, t
     broken_repeats = _repeated_first_drafts(accept["draft-d2t-permuted-40pct"]["first_drafts"])
     never = [token for token, accepted in broken_repeats.items() if accepted == {0}]
     assert len(never) >= 5 and set(never) <= wrong_targets, (never, wrong_targets)
+
+
+def _problem(**fields) -> str | None:
+    """The one problem interleaved.check names for SHAPE with ``fields`` changed (None: the shape is fine)."""
+    try:
+        interleaved.check(replace(SHAPE, **fields))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_the_documented_bounds_are_exactly_where_a_shape_is_refused():
+    """The module's (and docs/make-test-models.md's) bounds at their edges: 5 layers, hidden 145 (codes of
+    (hidden - 1) // 6 = 24 coordinates), KV heads x head_dim >= that, intermediate >= 6 x that, an even head_dim."""
+    prefix = "--acceptance interleaved needs "
+    assert _problem() is None and _problem(layers=5) is None
+    assert _problem(layers=4) == prefix + "--layers 5 or more (got 4): the drafter captures [0, L // 2 - 1, L - 3]"
+    assert _problem(hidden=144, heads=4, kv_heads=2) == prefix + "--hidden 145 or more (got 144)"
+    # 145 clears the hidden bound: the one problem left is its odd head_dim (145 has no even one)
+    assert _problem(hidden=145, heads=5, kv_heads=5, intermediate=1024) == prefix + ("an even head_dim (hidden /"
+                                                                                      " heads = 29)")
+    # hidden 512, 8 heads: head_dim 64, codes of 85 coordinates: 2 KV heads carry them, 1 does not
+    assert _problem(kv_heads=2) is None
+    assert _problem(kv_heads=1) == prefix + "--kv-heads x head_dim >= (hidden - 1) // 6 = 85 (got 1 x 64)"
+    assert _problem(intermediate=6 * 85) is None
+    assert _problem(intermediate=6 * 85 - 1) == prefix + "--intermediate >= 6 x ((hidden - 1) // 6) = 510 (got 509)"
+    assert interleaved.code_size(replace(SHAPE, hidden=145)) == 24 and interleaved.copy_heads(SHAPE) == 2
