@@ -234,7 +234,7 @@ def test_a_member_that_left_the_group_gets_sigterm_and_the_grace_time_first(tree
     within ``grace_s`` (here each takes 0.3 s to end; the stop returns as soon as none is left)."""
     note = tmp_path / "got"
     graceful = tree.do(f"graceful {note}")
-    result = stop_tree(tree.proc, tree_members(tree.proc.pid), grace_s=120)
+    result = stop_tree(tree.proc, tree_members(tree.proc.pid), grace_s=30)
     assert note.read_text() == "TERM" and result["sigkilled"] == [] and result["survivors"] == []
     assert result["processes"] == 2 and not alive(graceful)
 
