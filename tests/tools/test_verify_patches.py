@@ -176,3 +176,95 @@ def test_an_id_that_is_no_patch_exits_2_and_every_patch_is_reported_off(capsys, 
     readme = " ".join((REPO / "README.md").read_text().split())
     assert ("A list naming an id that is no patch switches every patch off (one warning listing the ids that exist;"
             " verify-patches and env exit 2): it is never half-applied") in readme
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The table's lines, the runtime mode's own paths, the metadata listing and the exit status, each pinned
+
+
+def test_fold_keeps_four_items_and_counts_the_rest_only_past_five():
+    from sglang_pcie.tools.verify_patches import fold
+
+    five = "found: a (.x), b (.y), c, d, e"
+    assert fold(five) == five  # one more than kept: shown whole, no "1 more"
+    assert fold(five + ", f") == "found: a (.x), b (.y), c, d and 2 more (--json lists them all)"
+    assert fold("no list here") == "no list here" and fold("a: b, c", keep=1) == "a: b, c"
+
+
+def test_the_table_lines_up_its_columns_and_says_what_nccl_gets_and_keeps():
+    from sglang_pcie.tools.verify_patches import format_table
+
+    report = {"sglang_version": "0.5.23", "mode": "static", "source": "/src",
+              "patches": [{"id": "abc", "status": "applied", "detail": "fine"},
+                          {"id": "a-longer-id", "status": "not-applicable", "detail": "old"}],
+              "nccl": {"profile": "pcie", "reason": "asked", "values": {"NCCL_ALGO": "Ring", "NCCL_BUFFSIZE": "131072"},
+                       "user_set": {"NCCL_PROTO": "Simple"}}}
+    assert format_table(report).splitlines() == [
+        "sglang 0.5.23 (static: /src)",
+        "PATCH        STATUS          DETAIL",
+        "abc          applied         fine",
+        "a-longer-id  not-applicable  old",
+        "NCCL profile: pcie (asked); NCCL_ALGO=Ring NCCL_BUFFSIZE=131072",
+        "  kept as the user set them: NCCL_PROTO=Simple"]
+    report.update(patches=[{"id": "ab", "status": "error", "detail": "x"}], nccl={"profile": "none", "reason": "off"})
+    assert format_table(report).splitlines()[1:] == ["PATCH  STATUS          DETAIL", "ab     error           x",
+                                                     "NCCL profile: none (off); nothing set"]
+
+
+@pytest.mark.parametrize("statuses, code", [(["applied", "applicable", "upstream", "not-applicable", "disabled"], 0),
+                                            (["applied", "drifted"], 1), (["error"], 1)])
+def test_the_exit_status_is_1_exactly_when_a_patch_is_drifted_or_error(statuses, code):
+    from sglang_pcie.tools.verify_patches import exit_code
+
+    assert exit_code({"patches": [{"status": s} for s in statuses]}) == code
+
+
+def test_runtime_with_the_overlay_off_reports_every_patch_disabled_without_importing(capsys, pristine_source,
+                                                                                    monkeypatch):
+    from sglang_pcie.patching import verify
+
+    monkeypatch.setenv("SGLANG_PCIE_DISABLE", "1")
+    monkeypatch.setattr(verify, "runtime_results", lambda *a: pytest.fail("imported SGLang"))
+    code, out, _ = run_cli(capsys, "verify-patches", "--runtime", "--sglang-source", str(pristine_source("0.5.9")),
+                           "--json")
+    report = json.loads(out)
+    assert code == 0 and report["mode"] == "runtime" and report["sglang_version"] == "0.5.9"
+    assert report["patches"] == [{"id": p, "status": "disabled", "detail": "SGLANG_PCIE_DISABLE is set"}
+                                 for p in PATCH_IDS]
+
+
+def test_runtime_that_cannot_check_is_one_line_and_exit_1(capsys, pristine_source, monkeypatch):
+    from sglang_pcie.patching import verify
+
+    seen = []
+
+    def failing(root):
+        seen.append(root)
+        raise RuntimeError("the child python exited 1: ImportError")
+    monkeypatch.setattr(verify, "runtime_results", failing)
+    source = str(pristine_source("0.5.9"))
+    code, out, err = run_cli(capsys, "verify-patches", "--runtime", "--sglang-source", source)
+    assert (code, out, err) == (1, "", "sglang-pcie: the child python exited 1: ImportError\n")
+    assert seen == [source]  # the folder given is the one checked
+
+
+def test_runtime_rows_are_reported_as_the_child_found_them(capsys, pristine_source, monkeypatch):
+    from sglang_pcie.patching import verify
+
+    rows = [{"id": p, "status": "applied", "detail": "in effect"} for p in PATCH_IDS]
+    monkeypatch.setattr(verify, "runtime_results", lambda root: ("0.5.9", rows))
+    code, out, _ = run_cli(capsys, "verify-patches", "--runtime", "--sglang-source", str(pristine_source("0.5.9")),
+                           "--json")
+    assert code == 0 and json.loads(out)["patches"] == rows and json.loads(out)["mode"] == "runtime"
+    rows[0]["status"] = "drifted"
+    assert run_cli(capsys, "verify-patches", "--runtime", "--sglang-source", str(pristine_source("0.5.9")))[0] == 1
+
+
+def test_metadata_as_text_lists_each_patch_and_its_fields_but_the_refs(capsys):
+    code, out, _ = run_cli(capsys, "verify-patches", "--metadata")
+    lines = out.splitlines()
+    heads = [line for line in lines if not line.startswith("  ")]
+    assert code == 0 and [h.split(":")[0] for h in heads] == PATCH_IDS
+    assert all(line.split(":")[0].strip() not in ("id", "summary", "upstream_refs") for line in lines
+               if line.startswith("  "))
+    assert any(line.startswith("  why: ") for line in lines)
