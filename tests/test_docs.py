@@ -38,3 +38,31 @@ def test_pypis_page_says_what_the_overlay_may_print_as_readme_does():
         assert "the only new output" not in text, page.name
     pypi = " ".join((REPO / "docs" / "pypi.md").read_text().split())
     assert "drafts are essentially never accepted" in pypi and "NCCL settings differ" in pypi
+
+
+def test_readmes_fast_loop_set_up_is_the_one_measured_and_its_figures_are_the_raw_files():
+    """README gives the fast loop its own set-up command and says what it downloads on a cold cache; the figures are
+    those of benchmarks/fast_loop_cold.py's raw file, which ran that very command."""
+    readme = (REPO / "README.md").read_text()
+    setup = 'python3 -m venv .venv && .venv/bin/python -m pip install -e ".[test]"'
+    loop = '.venv/bin/python -m pytest -m "not release and not slow" -n 2'
+    assert f"```bash\n{setup}\n{loop}\n```" in readme
+    script = (REPO / "benchmarks" / "fast_loop_cold.py").read_text()
+    assert '"-m", "venv", ".venv"' in script and '"-m", "pip", "install", "-e", ".[test]"' in script
+    assert 'FAST_LOOP = ["-m", "pytest", "-m", "not release and not slow"' in script
+
+    raw = (REPO / "benchmarks/results/2026-12-05-cpu/fast-loop-cold.txt").read_text()
+    install, loop_part = raw.split("\nset-up (install): ")[1].split("\nfast loop: ")
+    down = [float(m) for m in re.findall(r"through the proxy: ([\d.,]+) MB down", raw)]
+    seconds = [float(s) for s in re.findall(r"exit \d+, ([\d.]+) s wall", raw)]
+    tests = sum(int(n) for n in re.findall(r"(\d+) (?:passed|failed|skipped)", loop_part.split("afterwards")[0]))
+    wheels = re.search(r"release wheels: (\d+)", raw).group(1)
+    warm = re.search(r"in [\d.]+s \((\d+):(\d+):(\d+)\)", (REPO / "benchmarks/results/2026-12-05-cpu/fast-loop-warm.txt")
+                     .read_text())
+    text = " ".join(readme.split())
+    assert f"the set-up downloads {round(down[1])} MB from PyPI" in text and f"; {round(seconds[1])} s)" in text
+    assert f"fetches the {wheels} pristine SGLang release wheels" in text and f"{round(down[2])} MB downloaded" in text
+    cold = re.search(r"in [\d.]+s \((\d+):(\d+):(\d+)\)", loop_part)  # pytest's own time of the loop
+    assert f"{tests:,} tests in {int(cold[2])} min {int(cold[3])} s that first time" in text
+    assert f"{int(warm[2])} min {int(warm[3])} s once the wheels are cached" in text
+    assert install.splitlines()[1].startswith("  exit 0,")  # the set-up worked
