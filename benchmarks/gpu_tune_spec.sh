@@ -1,53 +1,75 @@
 #!/bin/bash
-# tune-spec's evidence on ONE H200 (issue 31), in one lease, in the background (SGLang 0.5.16 from
-# ../shared/gpu-e2e; this checkout's wheel installed by its step2.sh):
-#   0. the GPU-bound Llama-8B-shaped pair (--acceptance mixed), made by `models` (start it early: ~110 s)
-#   1. tune-spec --workload both: its own warm-up server (unmeasured; the first server on a fresh machine is cold),
-#      then at most 4 measured servers: chain-7 and chain-3 profiled (the model), none, and the predicted leader
-#   2. the exhaustive reference: tune-spec --sweep 2 over none and chains 1, 2, 3, 5, 7 (12 servers, A..Z Z..A),
-#      after the same warm-up (the machine is warm by then), same workload
-# The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention.
-# Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid; runs from the checkout, stdlib)
+# tune-spec's evidence on ONE GPU (issue 41), in one lease, in the background. SGLang (0.5.16 here: it has the
+# adaptive table by batch size) and this checkout's wheel installed in python3:
+#   0. `models`: the GPU-bound Llama-8B-shaped pair (--acceptance mixed, ~110 s) made in the background; while it
+#      is made, `start` runs unmeasured warm-up servers of the same shapes on a small pair (WARM_MODELS, default
+#      /tmp/tunespec-warm-models, made first by `models` with the e2e preset: head_dim 128, 8 KV heads, like the 8B
+#      pair), so that the first measured server is not the machine's cold one (JIT builds) and no device time waits
+#      for it
+#   1. tune-spec's search (--prove 0: the table for this box is written, the sweep below measures it), levels c=1
+#      and c=32, chains 1, 3, 5, 7, at most MAX_SERVERS (5: 36% of the sweep's 14)
+#   2. the exhaustive reference in the same lease: tune-spec --sweep 2 over every candidate of 1 (none, chains 1, 3,
+#      5, 7, SGLang's adaptive table) plus the table 1 wrote (--table), A..Z Z..A: 14 servers. Its adaptive, table
+#      and best fixed chain servers are the tuned table against SGLang's default table and the best fixed chain, in
+#      counterbalanced pairs.
+# The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
+# Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
 # Collect: bash benchmarks/gpu_tune_spec.sh collect    (WAIT s at most; call again WITHIN 30 s while RUNNING)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
 NAME=tunespec
-M=/tmp/tunespec-models
+M=${MODELS:-/tmp/tunespec-models}
+WARM_MODELS=${WARM_MODELS:-/tmp/tunespec-warm-models}
+SHAPE=(--tp-size 1 --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
+       --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
+spec() {  # the user's speculative options for the pair in $1
+  echo --speculative-algorithm EAGLE3 --speculative-draft-model-path "$1/draft" --speculative-num-steps 3 \
+    --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+}
+LEVELS=(--concurrency 1,32 --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256 --start-timeout 420)
+
 if [ "${1:-}" = models ]; then
-  mkdir -p $M
-  setsid nohup bash -c "cd $REPO && ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $M --hidden 4096 --layers 32 \
-    --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed ) > $M.log 2>&1; touch $M.done" \
-    > /dev/null 2>&1 < /dev/null &
+  mkdir -p $M $WARM_MODELS
+  # the checkout's code, uninstalled: the start-up hook's module is put on the path by hand. The small warm-up pair
+  # first (seconds), then the 8B-shaped one
+  setsid nohup bash -c "cd $REPO && PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models \
+    $WARM_MODELS --preset e2e --acceptance mixed > $WARM_MODELS.log 2>&1; touch $WARM_MODELS.done; \
+    ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $M \
+    --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed ) > $M.log 2>&1; \
+    touch $M.done" > /dev/null 2>&1 < /dev/null &
   echo "models started ($M.log)"; exit 0
 fi
 source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/tunespec, OUT, detached start|work|collect
 
-LAUNCH=(--model-path $M/target --speculative-algorithm EAGLE3 --speculative-draft-model-path $M/draft
-        --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 1
-        --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
-        --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
-WORKLOAD=(--concurrency 32 --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256
-          --start-timeout 420 --steps 1,2,3,5,7 --no-adaptive)
+LAUNCH=(--model-path $M/target $(spec $M) "${SHAPE[@]}")
 
 work() {
   cd /tmp  # python3 -m imports the installed wheel, as users have it
   T0=$(date +%s)
   stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
+  stamp warm-up-while-the-models-are-made
+  while [ ! -f $WARM_MODELS.done ]; do sleep 1; done
+  # one chain-7 server and one of SGLang's adaptive table on the small pair, each driven at c=1 and c=32 (and the
+  # no-speculation one the sweep lists first): not measured, only warming
+  ( time python3 -m sglang_pcie tune-spec --out $W/warm --sweep 1 --steps 7 --no-warmup "${LEVELS[@]}" \
+      --batch-requests 32 -- --model-path $WARM_MODELS/target $(spec $WARM_MODELS) "${SHAPE[@]}" ) \
+      > $W/warm.stdout 2> $W/warm.stderr
   stamp wait-models
   while [ ! -f $M.done ]; do sleep 2; done
   cp $M.log $W/make-models.txt
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
   stamp tune-spec
-  # --profile: as run on 2026-12-03 (the model servers profiled; tune-spec profiles none by default since)
-  ( time python3 -m sglang_pcie tune-spec --out $W/tune --workload both --max-servers "${MAX_SERVERS:-4}" --profile \
-      --budget-minutes 10 "${WORKLOAD[@]}" -- "${LAUNCH[@]}" ) > $W/tune.stdout 2> $W/tune.stderr
+  ( time python3 -m sglang_pcie tune-spec --out $W/tune --steps 1,3,5,7 --prove 0 --no-warmup \
+      --max-servers "${MAX_SERVERS:-5}" --budget-minutes 12 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
+      > $W/tune.stdout 2> $W/tune.stderr
   echo "tune-spec exit $?" >> $W/tune.stdout
   stamp sweep
-  ( time python3 -m sglang_pcie tune-spec --out $W/sweep --workload both --sweep "${PAIRS:-2}" --no-warmup \
-      --budget-minutes 40 "${WORKLOAD[@]}" -- "${LAUNCH[@]}" ) > $W/sweep.stdout 2> $W/sweep.stderr
+  ( time python3 -m sglang_pcie tune-spec --out $W/sweep --steps 1,3,5,7 --sweep "${PAIRS:-2}" --no-warmup \
+      --table $W/tune/adaptive-config.json --budget-minutes 40 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
+      > $W/sweep.stdout 2> $W/sweep.stderr
   echo "sweep exit $?" >> $W/sweep.stdout
   stamp done
   touch $W/DONE
@@ -55,10 +77,7 @@ work() {
 
 progress() {
   grep "^===" /tmp/$NAME.log | tail -n 3
-  tail -n 3 $W/tune/progress.log $W/sweep/progress.log 2>/dev/null
-  for f in $W/tune/runs/*/eagle3-profile.jsonl; do
-    [ -f "$f" ] && { echo "== $f"; python3 "$REPO/benchmarks/eagle3_profile_invariants.py" "$f"; echo "exit $?"; }
-  done > $W/profiles.txt 2>&1
+  tail -n 2 $W/warm/progress.log $W/tune/progress.log $W/sweep/progress.log 2>/dev/null
 }
 
 detached "${1:-collect}"

@@ -5,7 +5,7 @@ it resolves a real lead, against the known cost model of tests/support/spec_cost
 
 A/A: no speculation and the user's chain (chain-3: both always measured) equal and far ahead of every other
 candidate; servers spread log-normally by --noise; a 20-minute budget of 60 s servers. Each run is two comparisons
-(batch, one request). 'is best' there is a false call. Then the same with chain-3 ahead by 5% and 10%.
+(the levels c=1 and c=32). 'is best' there is a false call. Then the same with chain-3 ahead by 5% and 10%.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ NAMES = ["none"] + [f"chain-{k}" for k in range(1, 8)]
 
 
 def overrides(lead: float) -> dict:
-    figures = {n: {"batch": 400.0, "latency": 40.0} for n in NAMES}
-    figures["none"] = {"batch": 1000.0, "latency": 100.0}
-    figures["chain-3"] = {"batch": 1000.0 * (1 + lead), "latency": 100.0 * (1 + lead)}
+    figures = {n: {32: 400.0, 1: 40.0} for n in NAMES}
+    figures["none"] = {32: 1000.0, 1: 100.0}
+    figures["chain-3"] = {32: 1000.0 * (1 + lead), 1: 100.0 * (1 + lead)}
     return figures
 
 
@@ -33,7 +33,7 @@ def rates(seeds: int, noise: float, lead: float, folder: Path) -> dict:
         server = CostModelServer(noise=noise, seed=seed, overrides=overrides(lead))
         found, settings, state = tune_with(server, folder / f"{noise}-{lead}-{seed}", budget_min=20)
         counts["servers"] += len(state["servers"])
-        for result in report.analyse(found, state["servers"], settings).values():
+        for result in report.analyse(found, state["servers"], settings)["levels"].values():
             line = result["verdict"]
             counts["comparisons"] += 1
             counts["best"] += " is best by " in line

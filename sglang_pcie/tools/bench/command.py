@@ -62,9 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the table of an earlier run's DIR/results.json (and draw its chart); start nothing")
 
 
-def add_server_arguments(p: argparse.ArgumentParser, out_prefix: str = "bench") -> None:
-    """The workload and the servers' options, shared with tune-spec (which runs its servers through bench)."""
-    p.add_argument("--concurrency", type=int, default=32, help="batch phase concurrency (default 32)")
+def add_server_arguments(p: argparse.ArgumentParser, out_prefix: str = "bench", concurrency: bool = True) -> None:
+    """The workload and the servers' options, shared with tune-spec (which runs its servers through bench and
+    declares its own ``--concurrency``, a list: ``concurrency=False``)."""
+    if concurrency:
+        p.add_argument("--concurrency", type=int, default=32, help="batch phase concurrency (default 32)")
     p.add_argument("--batch-requests", type=int, default=None,
                    help="requests in the batch phase (default 4 x concurrency)")
     p.add_argument("--stream-requests", type=int, default=8, help="requests in the concurrency-1 stream (default 8)")

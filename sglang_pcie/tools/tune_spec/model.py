@@ -13,15 +13,18 @@ rest one) gives a pooled histogram weighted by verifies, and the requests that a
 every k; pooling at the deepest chain then predicted 2.38 tokens per verify at 3 steps where the server gave 2.64
 (GPU run of 2026-12-03), per request 2.67.
 
-Time, per workload, a line through the measured chains:
+Time, per concurrency level, a line through the measured chains:
 
-    batch:       tau_b(k) = alpha + beta k   the batch phase's wall time per request-verify (T / V)
-    one request: c_1(k)   = alpha + beta k   the decode cycle at concurrency 1 (TPOT_r x t_r, averaged)
+    c > 1:  tau_c(k) = alpha + beta k   the batch phase's wall time per request-verify (T / V)
+    c = 1:  c_1(k)   = alpha + beta k   the decode cycle of one request (TPOT_r x t_r, averaged)
 
-Then, over the workload's requests (the same prompts in every server),
+Then, over the level's requests (the same prompts in every server),
 
-    batch output tok/s (k)       = N / (tau_b(k) x sum_r D_r / t_r(k))      N: all output tokens
+    output tok/s at c (k)        = N / (tau_c(k) x sum_r D_r / t_r(k))      N: all output tokens
     one-request decode tok/s (k) = 1000 / (c_1(k) x mean_r 1 / t_r(k))     1000 / mean TPOT, TPOT in ms
+
+The model never answers: it chooses which candidate to measure next (search.py), and the answer is always a
+measured candidate. Without SGLang's histograms (and without a profile's) it cannot predict, and says so.
 
 No speculation is measured, never modelled. Speculation with k steps pays when the tokens per verify over the
 workload (D / V(k)) exceed tau(k) / tau_none: that quotient is the break-even accept length at this box's costs.
@@ -31,8 +34,11 @@ from __future__ import annotations
 import math
 import statistics
 
-WORKLOADS = ("batch", "latency")
-LABELS = {"batch": "batch output tok/s", "latency": "one-request decode tok/s"}
+
+
+def label(level: int) -> str:
+    """What a level's figure is, for people."""
+    return "one-request decode tok/s (c=1)" if level == 1 else f"output tok/s at c={level}"
 
 
 def at_least(histogram: list | None, depth: int) -> list | None:
@@ -67,10 +73,10 @@ def verifies(figures: dict) -> float | None:
     return tokens / accept if accept and tokens else None
 
 
-def step_time(workload: str, figures: dict) -> float | None:
-    """Batch: seconds of wall time per request-verify (T / V). One request: the decode cycle in seconds, each
-    request's TPOT times its own tokens per verify, averaged (c_1 = mean TPOT / mean_r 1 / t_r)."""
-    if workload == "batch":
+def step_time(level: int, figures: dict) -> float | None:
+    """c > 1: seconds of wall time per request-verify (T / V). c = 1: the decode cycle in seconds, each request's
+    TPOT times its own tokens per verify, averaged (c_1 = mean TPOT / mean_r 1 / t_r)."""
+    if level > 1:
         rate, tokens, count = figures.get("value"), figures.get("output_tokens"), verifies(figures)
         return tokens / rate / count if rate and tokens and count else None
     tpot_ms = figures.get("tpot_ms_mean")
@@ -91,21 +97,27 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return my - beta * mx, beta
 
 
-class Model:
-    """The fitted model of one workload: per-request acceptance from the deepest measured chain, the step time's
-    line through every measured chain server (its repeats included), and no speculation's own step time."""
+def level_figures(server: dict, level: int) -> dict | None:
+    return (server.get("levels") or {}).get(str(level))
 
-    def __init__(self, workload: str, chain_servers: list[dict], none_servers: list[dict]):
-        self.workload = workload
-        usable = [(s["steps"], s[workload]) for s in chain_servers if step_time(workload, s[workload]) is not None]
+
+class Model:
+    """The fitted model of one concurrency level: per-request acceptance from the deepest measured chain, the step
+    time's line through every measured chain server (its repeats included), and no speculation's own step time."""
+
+    def __init__(self, level: int, chain_servers: list[dict], none_servers: list[dict]):
+        self.level = level
+        seen = [(s["steps"], f) for s in chain_servers if (f := level_figures(s, level)) is not None]
+        usable = [(k, f) for k, f in seen if step_time(level, f) is not None]
+        self.seen_depths = sorted({k for k, _ in seen})
         self.depths = sorted({k for k, _ in usable})
         deepest = [f for k, f in usable if k == self.depths[-1]] if self.depths else []
         self.classes = request_classes(deepest[-1], self.depths[-1]) if deepest else None
         self.acceptance_source = (None if not self.classes else "per request (sglang meta info)"
                                   if len(self.classes) > 1 else deepest[-1].get("accept_source") or "pooled")
         self.output_tokens = deepest[-1].get("output_tokens") if deepest else None
-        self.line = fit_line([(k, step_time(workload, f)) for k, f in usable])
-        none_taus = [t for t in (_none_step(workload, s[workload]) for s in none_servers) if t]
+        self.line = fit_line([(k, step_time(level, f)) for k, f in usable])
+        none_taus = [t for s in none_servers if (f := level_figures(s, level)) and (t := _none_step(level, f))]
         self.none_tau = statistics.median(none_taus) if none_taus else None
 
     @property
@@ -146,7 +158,7 @@ class Model:
         tau = self.tau(k)
         if tau is None:
             return None
-        if self.workload == "batch":
+        if self.level > 1:
             count = self._verifies(k)
             return self.output_tokens / (tau * count) if count and self.output_tokens else None
         inverse = self._inverse_tokens(k)
@@ -157,8 +169,18 @@ class Model:
         tau = self.tau(k)
         return tau / self.none_tau if tau and self.none_tau else None
 
+    @property
+    def cannot_predict(self) -> str | None:
+        """Why the model predicts nothing, or None where it does."""
+        if len(self.depths) < 2 and len(self.seen_depths) < 2:
+            return "it needs two chains of different depth measured"
+        if len(self.depths) < 2 or not self.classes:
+            return ("no acceptance histograms: SGLang's replies carried none (and no profile's); only measured"
+                    " candidates compete")
+        return None
+
     def as_dict(self, depths: list[int]) -> dict:
-        return {"workload": self.workload, "depths_measured": self.depths, "accept_at_least": self.at_least,
+        return {"level": self.level, "cannot_predict": self.cannot_predict, "depths_measured": self.depths, "accept_at_least": self.at_least,
                 "acceptance_source": self.acceptance_source, "requests": len(self.classes or []),
                 "tau_ms": None if self.line is None else {"alpha": self.line[0] * 1e3, "beta": self.line[1] * 1e3},
                 "none_tau_ms": None if self.none_tau is None else self.none_tau * 1e3,
@@ -167,10 +189,10 @@ class Model:
                 "break_even_accept": {f"chain-{k}": self.break_even(k) for k in depths}}
 
 
-def _none_step(workload: str, figures: dict) -> float | None:
-    """No speculation: one token per request-step. Batch: wall time per request-step (T / decode tokens); one
-    request: its mean TPOT."""
-    if workload == "batch":
+def _none_step(level: int, figures: dict) -> float | None:
+    """No speculation: one token per request-step. c > 1: wall time per request-step (T / decode tokens); c = 1:
+    the mean TPOT."""
+    if level > 1:
         rate, tokens, requests = figures.get("value"), figures.get("output_tokens"), figures.get("requests")
         if not rate or not tokens or requests is None or tokens <= requests:
             return None

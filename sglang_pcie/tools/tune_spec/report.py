@@ -1,14 +1,18 @@
-"""What tune-spec says: per workload a table (candidate, predicted, measured median with its interval, n, note),
-the verdict, the launch to paste, and the break-even accept length where speculation does not pay."""
+"""What tune-spec says: per concurrency level a table (candidate, predicted, measured median with its interval, n,
+note), the verdict and the measured answer there; the tuned table and its proof; one recommendation and the launch
+to paste. Every answer is a measured candidate's: a candidate the model rates higher but no server measured is
+named beside the answer, with the servers it would take, never answered with."""
 from __future__ import annotations
 
-import shlex
 import statistics
 
 from sglang_pcie.tools.bench.verdicts import t_quantile
+from sglang_pcie.tools.tune_spec import table as tables
+from sglang_pcie.tools.tune_spec.answer import analyse_proof, recommend
 from sglang_pcie.tools.tune_spec.candidates import NONE
-from sglang_pcie.tools.tune_spec.model import LABELS, log_interval
-from sglang_pcie.tools.tune_spec.search import (compare, estimates, failed, leaders, measured, models, values)
+from sglang_pcie.tools.tune_spec.model import label, log_interval
+from sglang_pcie.tools.tune_spec.search import (best_measured, compare, estimates, failed, level_name, measured,
+                                                models, plan_table, values)
 
 
 def _num(value, digits=1) -> str:
@@ -19,54 +23,58 @@ def _pct(ratio) -> str:
     return f"{(ratio - 1) * 100:+.1f}%"
 
 
-def analyse(candidates: list, servers: list[dict], settings) -> dict:
-    """Per workload: rows, the comparison of leader and runner-up, the verdict line and the recommendation."""
+def analyse(candidates: list, servers: list[dict], settings, mean_server_s: float | None = None) -> dict:
+    """Per level: rows, the comparison of the two best measured, the verdict, the measured answer and what the model
+    rates higher unmeasured; the proof; the recommendation."""
     run = measured(servers)
-    fitted = models(candidates, run, settings.workloads)
-    out = {}
-    for workload in settings.workloads:
-        model = fitted[workload]
-        rows = []
-        for c in candidates:
-            got = values(run, c.name, workload)
-            rows.append({"candidate": c.name, "steps": c.steps, "kind": c.kind,
-                         "predicted": model.predict(c.steps) if c.modelled else None,
-                         "measured": statistics.median(got) if got else None,
-                         "interval": log_interval(got, t_quantile), "values": got, "n": len(got),
-                         "failed": c.name in failed(run)})
-        top = leaders(candidates, run, workload, model)
-        comparison = (compare(run, workload, top[0], top[1], settings.resolve)
-                      if len(top) == 2 and all(values(run, n, workload) for n in top) else None)
-        pick = _pick(top, comparison, settings.current)
-        out[workload] = {"label": LABELS[workload], "rows": rows, "model": model.as_dict([c.steps for c in candidates if c.modelled]),
-                         "comparison": comparison, "verdict": verdict_line(top, comparison, settings, run, workload),
-                         "recommended": pick,
-                         "no_speculation_best": bool(top) and top[0] == NONE,
-                         "break_even": _break_even(model, candidates, run, workload) if top and top[0] == NONE
-                         else None,
-                         "estimates": {k: {"value": v, "source": s}
-                                       for k, (v, s) in estimates(candidates, run, workload, model).items()}}
+    fitted = models(run, settings.levels)
+    out = {"levels": {}}
+    for level in settings.levels:
+        out["levels"][str(level)] = _level(candidates, run, settings, level, fitted[level], mean_server_s)
+    out["proof"] = analyse_proof(candidates, run, settings)
+    table = plan_table(candidates, run, settings) if out["proof"] is None else None
+    out["table"] = None if table is None else {"buckets": {str(k): v for k, v in table.buckets.items()},
+                                               "notes": table.notes, "fixed": table.fixed,
+                                               "needed": "tuned" in table.members}
+    out["recommendation"] = recommend(candidates, run, settings, out)
+    out["servers_by_role"] = {role: sum(1 for s in run if s.get("role") == role)
+                              for role in dict.fromkeys(s.get("role") for s in run)}
     return out
 
 
-def _pick(top: list[str], comparison: dict | None, current: str) -> str | None:
-    if not top:
-        return None
-    if comparison and comparison["verdict"] == "within" and current in top:
-        return current  # equal within the target: keep what the user runs
-    return top[0]
+def _level(candidates, run, settings, level, model, mean_server_s) -> dict:
+    rows = []
+    for c in candidates:
+        got = values(run, c.name, level)
+        rows.append({"candidate": c.name, "steps": c.steps, "kind": c.kind,
+                     "predicted": model.predict(c.steps) if c.modelled else None,
+                     "measured": statistics.median(got) if got else None,
+                     "interval": log_interval(got, t_quantile), "values": got, "n": len(got),
+                     "failed": c.name in failed(run)})
+    ranked = best_measured(run, [c.name for c in candidates], level)
+    comparison = compare(run, level, ranked[0], ranked[1], settings.resolve) if len(ranked) >= 2 else None
+    answer = ranked[0] if ranked else None
+    if comparison and comparison["verdict"] == "within" and settings.current in ranked[:2]:
+        answer = settings.current  # equal within the target: keep what the user runs
+    best = statistics.median(values(run, ranked[0], level)) if ranked else None
+    higher = {n: v for n, (v, how) in estimates(candidates, run, level, model).items()
+              if how == "predicted" and best is not None and v > best}
+    return {"label": label(level), "rows": rows, "comparison": comparison, "answer": answer,
+            "verdict": verdict_line(ranked, comparison, settings),
+            "model": model.as_dict([c.steps for c in candidates if c.modelled]),
+            "unmeasured_higher": {n: {"predicted": v, "servers": 1,
+                                      "minutes": None if mean_server_s is None else mean_server_s / 60}
+                                  for n, v in sorted(higher.items(), key=lambda kv: -kv[1])},
+            "no_speculation_best": answer == NONE,
+            "break_even": _break_even(model, candidates) if answer == NONE else None}
 
 
-def verdict_line(top, comparison, settings, servers, workload) -> str:
+def verdict_line(ranked: list[str], comparison: dict | None, settings) -> str:
     target = f"{settings.resolve * 100:g}%"
-    if not top:
-        return "no candidate has a figure: every server failed"
-    if len(top) == 1:
-        return f"{top[0]} is the only candidate with a figure"
+    if not ranked:
+        return "no candidate has a measured figure: every server failed"
     if comparison is None:
-        missing = [n for n in top if not values(servers, n, workload)]
-        return (f"cannot tell within the budget: {top[0]} leads {top[1]} by prediction only"
-                f" ({', '.join(missing)} not measured)")
+        return f"{ranked[0]} is the only candidate measured"
     lead, runner, n = comparison["leader"], comparison["runner_up"], comparison["pairs"]
     low_high = comparison["interval"]
     interval = (f" [{_pct(low_high[0])} to {_pct(low_high[1])}]" if low_high and low_high[1] / low_high[0] <= 2
@@ -75,7 +83,8 @@ def verdict_line(top, comparison, settings, servers, workload) -> str:
     if comparison["verdict"] == "best":
         return f"{lead} is best by {_pct(comparison['median'])}{interval} over {runner} ({n} pairs{band})"
     if comparison["verdict"] == "within":
-        return f"{lead} and {runner} are within {target}: either ({_pct(comparison['median'])}{interval}, {n} pairs)"
+        return (f"{lead} and {runner} are within {target}: either ({_pct(comparison['median'])}{interval}, {n} pairs"
+                f"{band})")
     figures = f"{lead} leads {runner} by {_pct(comparison['median'])}{interval} over {n} pair{'s' * (n != 1)}{band}"
     if comparison["verdict"] == "noise floor":
         return (f"cannot tell: servers of one candidate spread +-{comparison['noise_margin'] * 100:.1f}% here,"
@@ -88,7 +97,7 @@ def verdict_line(top, comparison, settings, servers, workload) -> str:
     return f"cannot tell within the budget: {figures}{more}"
 
 
-def _break_even(model, candidates, servers, workload) -> dict | None:
+def _break_even(model, candidates) -> dict | None:
     """Where no speculation leads: for the chain the model rates best, the accept length it would need here."""
     chains = [c for c in candidates if c.modelled and model.predict(c.steps) is not None]
     if not chains:
@@ -98,90 +107,121 @@ def _break_even(model, candidates, servers, workload) -> dict | None:
             "measured_tokens_per_verify": model.tokens(best.steps)}
 
 
-def launch_line(candidates: list, name: str | None) -> str | None:
-    for c in candidates:
-        if c.name == name:
-            return "python -m sglang.launch_server " + shlex.join(c.args)
-    return None
 
+
+# ---------------------------------------------------------------------------------------------------- the text
 
 def format_report(candidates: list, servers: list[dict], settings, analysis: dict, stopped: str,
-                  concurrency: int) -> str:
-    lines = []
+                  release: str | None = None) -> str:
     run = measured(servers)
-    lines.append(f"tune-spec: {len(run)} server(s) measured"
-                 f"{' after one warm-up server' if any(s.get('warmup') for s in servers) else ''};"
-                 f" stopped: {stopped}")
-    for s in run:
-        if not s.get("ok"):
-            lines.append(f"  server {s['index']} ({s['candidate']}) FAILED: {s.get('failure')}")
-    for workload, result in analysis.items():
-        where = f" at concurrency {concurrency}" if workload == "batch" else " at concurrency 1 (1000 / mean TPOT)"
-        lines.append("")
-        lines.append(f"{result['label']}{where}")
-        lines.append(f"  {'candidate':<10} {'predicted':>10} {'measured':>10} {'95% interval (n>=3)':>21}"
-                     f" {'min-max':>19} {'n':>3}  note")
-        for row in result["rows"]:
-            interval = row["interval"]
-            cell = "-" if not interval or row["n"] < 3 else f"[{interval[0]:.1f}-{interval[1]:.1f}]"
-            spread = f"{min(row['values']):.1f}-{max(row['values']):.1f}" if row["n"] >= 2 else "-"
-            note = "FAILED" if row["failed"] else ("leader" if row["candidate"] == _top(result) else "")
-            if row["predicted"] is not None and row["measured"] is not None:
-                note = (note + " " if note else "") + f"measured/predicted {row['measured'] / row['predicted']:.3f}"
-            lines.append(f"  {row['candidate']:<10} {_num(row['predicted']):>10} {_num(row['measured']):>10}"
-                         f" {cell:>21} {spread:>19} {row['n']:>3}  {note}")
-        model = result["model"]
-        if model["accept_at_least"]:
-            shares = "  ".join(f"{j + 1}: {a * 100:.1f}%" for j, a in enumerate(model["accept_at_least"]))
-            lines.append(f"  accepted at least j drafts, over the deepest chain's verifies ({model['acceptance_source']},"
-                         f" {model['requests']} request(s)): {shares}")
-        if model["tau_ms"]:
-            lines.append(f"  step time per request-verify: {model['tau_ms']['alpha']:.3f} +"
-                         f" {model['tau_ms']['beta']:.3f} ms per draft step (chains measured at"
-                         f" {', '.join(map(str, model['depths_measured']))} steps)")
+    roles = ", ".join(f"{role} {n}" for role, n in analysis["servers_by_role"].items())
+    lines = [f"tune-spec: {len(run)} server(s) measured ({roles})"
+             f"{' after one warm-up server' if any(s.get('warmup') for s in servers) else ''}; stopped: {stopped}"]
+    if release:
+        lines.append(f"release: {release}")
+    lines += [f"  server {s['index']} ({s['candidate']}) FAILED: {s.get('failure')}" for s in run if not s.get("ok")]
+    for level in settings.levels:
+        lines += [""] + _level_lines(analysis["levels"][str(level)], level)
+    if analysis["proof"]:
+        lines += [""] + proof_lines(analysis["proof"])
+    elif analysis.get("table"):
+        table = analysis["table"]
+        buckets = {int(k): v for k, v in table["buckets"].items()}
+        if table["needed"]:
+            lines += ["", f"the table for this box ({tables.TABLE_FILE} in the run's folder): "
+                      + "; ".join(tables.bucket_ranges(buckets)) + "; NOT measured (no proof ran: --prove 0, the"
+                      " budget, or SGLang's own table left out): prove it with --resume DIR --prove 2"]
         else:
-            lines.append("  no model: it needs two chains of different depth measured")
-        lines.append(f"  verdict: {result['verdict']}")
-        if result["no_speculation_best"]:
-            be = result["break_even"]
-            detail = (f"; {be['candidate']} would need {be['needed_tokens_per_verify']:.2f} tokens per verify at"
-                      f" this box's costs, its drafter gives {be['measured_tokens_per_verify']:.2f}"
-                      if be and be["needed_tokens_per_verify"] and be["measured_tokens_per_verify"] else "")
-            lines.append(f"  speculation does not pay here: no speculative candidate beat no speculation{detail}")
-        line = launch_line(candidates, result["recommended"])
-        if line:
-            lines.append(f"  launch ({result['recommended']}): {line}")
+            lines += ["", f"no table needed: {table['fixed']} is the best measured fixed setting at every level"]
+        lines += [f"  note: {n}" for n in table["notes"]]
+    pick = analysis["recommendation"]
+    lines += ["", f"recommendation: {pick['candidate'] or 'none measured'} ({pick['why']})"]
+    if pick["launch"]:
+        lines.append(f"launch: {pick['launch']}")
     return "\n".join(lines)
 
 
-def _top(result: dict) -> str | None:
-    ranked = sorted(result["estimates"].items(), key=lambda kv: -kv[1]["value"])
-    return ranked[0][0] if ranked else None
+def _level_lines(result: dict, level: int) -> list[str]:
+    lines = [result["label"],
+             f"  {'candidate':<10} {'predicted':>10} {'measured':>10} {'95% interval (n>=3)':>21} {'min-max':>19}"
+             f" {'n':>3}  note"]
+    for row in result["rows"]:
+        if row["n"] == 0 and row["predicted"] is None and not row["failed"]:
+            continue
+        interval = row["interval"]
+        cell = "-" if not interval or row["n"] < 3 else f"[{interval[0]:.1f}-{interval[1]:.1f}]"
+        spread = f"{min(row['values']):.1f}-{max(row['values']):.1f}" if row["n"] >= 2 else "-"
+        note = "FAILED" if row["failed"] else ("answer" if row["candidate"] == result["answer"] else "")
+        if row["predicted"] is not None and row["measured"] is not None:
+            note = (note + " " if note else "") + f"measured/predicted {row['measured'] / row['predicted']:.3f}"
+        lines.append(f"  {row['candidate']:<10} {_num(row['predicted']):>10} {_num(row['measured']):>10}"
+                     f" {cell:>21} {spread:>19} {row['n']:>3}  {note}")
+    model = result["model"]
+    if model["cannot_predict"]:
+        lines.append(f"  the model cannot predict: {model['cannot_predict']}")
+    else:
+        shares = "  ".join(f"{j + 1}: {a * 100:.1f}%" for j, a in enumerate(model["accept_at_least"] or []))
+        lines.append(f"  accepted at least j drafts, deepest chain ({model['acceptance_source']},"
+                     f" {model['requests']} request(s)): {shares}")
+        lines.append(f"  step time per request-verify: {model['tau_ms']['alpha']:.3f} + {model['tau_ms']['beta']:.3f}"
+                     f" ms per draft step (chains measured at {', '.join(map(str, model['depths_measured']))} steps)")
+    lines.append(f"  verdict: {result['verdict']}")
+    lines.append(f"  answer at {level_name(level)}: {result['answer'] or '-'} (measured)")
+    for name, more in result["unmeasured_higher"].items():
+        cost = f", about {more['minutes']:.1f} min" if more["minutes"] else ""
+        lines.append(f"  not measured: {name}, predicted {more['predicted']:.1f}, above the answer; one server"
+                     f"{cost} would tell (the answer stays the measured one)")
+    if result["no_speculation_best"] and result["break_even"]:
+        be = result["break_even"]
+        if be["needed_tokens_per_verify"] and be["measured_tokens_per_verify"]:
+            lines.append(f"  speculation does not pay here: {be['candidate']} would need"
+                         f" {be['needed_tokens_per_verify']:.2f} tokens per verify at this box's costs, its drafter"
+                         f" gives {be['measured_tokens_per_verify']:.2f}")
+    return lines
+
+
+def proof_lines(proof: dict) -> list[str]:
+    buckets = {int(k): v for k, v in proof["buckets"].items()}
+    lines = [f"the table for this box: {'; '.join(tables.bucket_ranges(buckets))} (SGLang pads a batch to a"
+             " CUDA-graph batch size before it picks the bucket)"]
+    lines += [f"  note: {n}" for n in proof["notes"]]
+    lines.append(f"proof: {', '.join(proof['members'])} ({proof['fixed']} is the best fixed setting: geometric mean"
+                 f" {proof['fixed_share']:.3f} of the best per level); {proof['repeats_run']} of"
+                 f" {proof['repeats_planned']} repeat(s) run; 95% intervals over the pairs, an effect called only"
+                 " beyond the proof servers' own spread")
+    if proof["failed"]:
+        lines.append(f"  FAILED: {', '.join(proof['failed'])}: the proof is incomplete")
+    for level, rows in proof["rows"].items():
+        edge = "" if int(level) in proof["main_levels"] else " (edge)"
+        cells = []
+        for row in rows:
+            interval = (f" [{_pct(row['interval'][0])} to {_pct(row['interval'][1])}]"
+                        if row["interval"] and row["interval"][1] / row["interval"][0] <= 2 else "")
+            ratio = _pct(row["median"]) if row["median"] else "-"
+            cells.append(f"{row['a']}/{row['b']} {ratio}{interval} {row['verdict']}")
+        lines.append(f"  c={level}{edge}: " + "; ".join(cells))
+    return lines
 
 
 def write_chart(analysis: dict, path) -> str:
-    """Predicted and measured figure against the steps, one panel per workload; 'skipped: ...' without
-    matplotlib."""
+    """Measured figures per candidate at each level (one panel per level); 'skipped: ...' without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return "skipped (matplotlib is not installed)"
-    fig, axes = plt.subplots(1, len(analysis), figsize=(6 * len(analysis), 4), squeeze=False)
-    for ax, (workload, result) in zip(axes[0], analysis.items()):
-        rows = [r for r in result["rows"] if r["kind"] in ("none", "chain")]
-        xs = [r["steps"] or 0 for r in rows]
-        predicted = [(x, r["predicted"]) for x, r in zip(xs, rows) if r["predicted"] is not None]
-        if predicted:
-            ax.plot(*zip(*predicted), "o--", color="grey", label="predicted")
-        for x, r in zip(xs, rows):
-            for v in r["values"]:
-                ax.plot([x], [v], "x", color="tab:blue")
-        ax.set_xlabel("draft steps (0: no speculation)")
+    levels = analysis["levels"]
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    for ax, (level, result) in zip(axes[0], levels.items()):
+        rows = [r for r in result["rows"] if r["values"] or r["predicted"] is not None]
+        for x, r in enumerate(rows):
+            ax.plot([x] * len(r["values"]), r["values"], "x", color="tab:blue")
+            if r["predicted"] is not None:
+                ax.plot([x], [r["predicted"]], "o", color="grey", fillstyle="none")
+        ax.set_xticks(range(len(rows)), [r["candidate"] for r in rows], rotation=45, fontsize=7)
         ax.set_ylabel(result["label"])
-        ax.set_title(result["verdict"][:70], fontsize=8)
-        ax.legend(["predicted", "measured"], fontsize=8)
+        ax.set_title(f"c={level}: answer {result['answer']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,39 +1,51 @@
 """Which server to start next, and what the servers so far say: a pure function of the servers measured, so that a
 stopped run resumes where it was (``--resume``) and the tests drive it with a fake measurement.
 
-1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep)
-   (profiled with ``--profile``), and no speculation; the user's setting where it is not a chain. A server that fails takes its
-   candidate out (named); the model then takes the next chain.
-2. Per workload, the leader and the runner-up (measured medians where measured, else the model's prediction) are
-   measured, then repeated in counterbalanced order (A B B A ...) until the leader's lead is resolved at
-   ``resolve``, or the candidates are resolved equal within it, or the budget ends, or the spread measured so far
-   says the budget cannot resolve it.
+Every server measures every concurrency level. In order:
 
-Verdicts compare the two on pairs (the i-th server of each), as bench does: a Student-t interval of the pairs' log
-ratios, widened by the noise band (how far servers of one candidate landed from their median in this run). A
-winner is called only when that interval clears the band; "within" only when it lies inside +-resolve. The interval
-is 99%, not bench's 95%: the search looks again after every pair and stops at the first answer. Against the known
-cost model (benchmarks/tune_spec_false_calls.py, 1000 comparisons a row) two equal candidates got a winner called
-in 4 (1% server noise) and 7 (3%) of 1000; a 10% lead was called in 999 and 297, a 5% lead in 750 and 57, within
-a 20-minute budget of 60 s servers (benchmarks/results/2026-12-03-cpu/tune_spec_false_calls.txt).
+1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep)
+   (profiled with ``--profile``), no speculation, and what the model cannot predict: the user's setting where it
+   is no chain, a table the user gave, and SGLang's adaptive steps where no proof will measure them. A server that
+   fails takes its candidate out (named); the model then takes the next chain.
+2. Leaders: at each level, the candidate ranked first (measured median where measured, else the model's
+   prediction) is measured while it is unmeasured, and so is one predicted within ``resolve`` of the best
+   measured figure. The model only chooses what to measure: the answer is always a measured candidate.
+3. Proof, where the release runs adaptive steps from a table by batch size: the table for this box (table.py,
+   from the servers of steps 1-2 only, so it stays the same while it is proven), SGLang's own table and the best
+   fixed setting, in counterbalanced repeats (T D F, F D T, ...), each repeat started only where all of it fits
+   the budget; these servers also measure just below each bucket's edge (levels.edge_levels).
+4. Confirm: at each level, the two best measured candidates are repeated in counterbalanced order (A B B A ...)
+   until the leader's lead is resolved at ``resolve``, or they are resolved equal within it, or the budget ends,
+   or the spread measured so far says the budget cannot resolve it.
+
+Verdicts compare two candidates on their pairs (the i-th server of each), as bench does: a Student-t interval of
+the pairs' log ratios, widened by the noise band (how far servers of one candidate landed from their median in
+this run). A winner is called only when that interval clears the band; "within" only when it lies inside
++-resolve. Step 4's interval is 99%, not bench's 95%: the search looks again after every pair and stops at the
+first answer (benchmarks/results/2026-12-03-cpu/tune_spec_false_calls.txt). The proof is a fixed design (its
+repeats are set before it starts): 95%.
 """
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglang_pcie.tools.bench.verdicts import t_quantile
+from sglang_pcie.tools.tune_spec import table as tables
 from sglang_pcie.tools.tune_spec.candidates import NONE
-from sglang_pcie.tools.tune_spec.model import LABELS, Model
+from sglang_pcie.tools.tune_spec.levels import edge_levels
+from sglang_pcie.tools.tune_spec.model import Model
 
-CONFIDENCE = 0.99  # see the module docstring: repeated looks
+CONFIDENCE = 0.99  # step 4: repeated looks
+PROOF_CONFIDENCE = 0.95  # step 3: a fixed design
 MAX_PAIRS = 50
+SEARCH_ROLES = ("model", "leader")  # the servers the tuned table is made from
 
 
 @dataclass
 class Settings:
-    workloads: tuple  # ("batch",), ("latency",) or both
+    levels: tuple  # concurrencies, ascending; 1 is one streamed request at a time
     resolve: float  # 0.02
     budget_s: float
     max_steps: int
@@ -41,6 +53,26 @@ class Settings:
     max_servers: int | None = None  # measured servers at most (the warm-up not counted)
     sweep: int = 0  # > 0: no model, every candidate this many times in counterbalanced order (a reference)
     profile: bool = False  # EAGLE3_PROFILE=1 in the model's two chain servers (their phase costs, for the report)
+    prove: int = 2  # repeats of the proof (0: none)
+    edges: bool = True  # proof servers also measure just below each bucket's edge
+    per_batch: bool = False  # the release runs adaptive steps from a table by batch size
+    zero_steps: bool = False  # ... and a bucket may hold step 0
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Settings":
+        return cls(**{k: tuple(v) if k == "levels" else v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class Step:
+    candidate: str | None  # the next server's candidate, or None to stop
+    profiled: bool = False
+    why: str = ""
+    role: str = "model"  # model | leader | proof | confirm | sweep
+    levels: tuple = field(default_factory=tuple)
 
 
 def ok_servers(servers: list[dict], name: str) -> list[dict]:
@@ -55,19 +87,27 @@ def measured(servers: list[dict]) -> list[dict]:
     return [s for s in servers if not s.get("warmup")]
 
 
-def values(servers: list[dict], name: str, workload: str) -> list[float]:
-    return [s[workload]["value"] for s in ok_servers(servers, name) if s[workload].get("value")]
+def values(servers: list[dict], name: str, level: int) -> list[float]:
+    found = ((s.get("levels") or {}).get(str(level)) or {} for s in ok_servers(servers, name))
+    return [f["value"] for f in found if f.get("value")]
 
 
-def models(candidates: list, servers: list[dict], workloads) -> dict:
+def medians(servers: list[dict], levels) -> dict:
+    """level -> candidate -> median figure, over the candidates measured at that level."""
+    names = dict.fromkeys(s["candidate"] for s in servers)
+    return {c: {n: statistics.median(v) for n in names if (v := values(servers, n, c))} for c in levels}
+
+
+def models(servers: list[dict], levels) -> dict:
     chains = [s for s in servers if s.get("ok") and s.get("steps") is not None and s.get("kind") == "chain"]
     nones = ok_servers(servers, NONE)
-    return {w: Model(w, chains, nones) for w in workloads}
+    return {c: Model(c, chains, nones) for c in levels}
 
 
 def model_targets(candidates: list, servers: list[dict], settings: Settings) -> list[str]:
-    """The candidates the model needs measured, in order: deepest chain (profiled), a second chain, none, the user's
-    own where it is no chain; failed candidates skipped (the next chain stands in)."""
+    """The candidates the model needs measured, in order: deepest chain (profiled), a second chain, none, then
+    what it cannot predict (the user's own where it is no chain, a given table, SGLang's adaptive steps where no
+    proof measures them); failed candidates skipped (the next chain stands in)."""
     out = failed(servers)
     chains = [c for c in candidates if c.kind == "chain" and c.name not in out]
     targets = []
@@ -79,21 +119,22 @@ def model_targets(candidates: list, servers: list[dict], settings: Settings) -> 
         half = sorted(rest, key=lambda c: (abs(c.steps - (deepest.steps + 1) // 2), c.steps))
         if mine or half:
             targets.append((mine or half)[0].name)
-    names = {c.name for c in candidates}
-    for name in (NONE, settings.current):
-        if name in names and name not in out and name not in targets:
+    unpredicted = [c.name for c in candidates if c.kind in ("current", "table")
+                   or c.kind == "adaptive" and not proof_possible(settings)]
+    for name in [NONE, settings.current, *unpredicted]:
+        if any(c.name == name for c in candidates) and name not in out and name not in targets:
             targets.append(name)
     return targets
 
 
-def estimates(candidates: list, servers: list[dict], workload: str, model: Model) -> dict:
-    """candidate -> (figure, 'measured' | 'predicted'), for the candidates that have one."""
+def estimates(candidates: list, servers: list[dict], level: int, model: Model) -> dict:
+    """candidate -> (figure, 'measured' | 'predicted') at a level, for the candidates that have one."""
     out = failed(servers)
     found = {}
     for c in candidates:
         if c.name in out:
             continue
-        got = values(servers, c.name, workload)
+        got = values(servers, c.name, level)
         if got:
             found[c.name] = (statistics.median(got), "measured")
         elif c.modelled and model.predict(c.steps) is not None:
@@ -101,36 +142,50 @@ def estimates(candidates: list, servers: list[dict], workload: str, model: Model
     return found
 
 
-def leaders(candidates, servers, workload, model) -> list[str]:
-    ranked = sorted(estimates(candidates, servers, workload, model).items(), key=lambda kv: -kv[1][0])
-    return [name for name, _ in ranked[:2]]
+def best_measured(servers: list[dict], names, level: int) -> list[str]:
+    """The measured candidates at a level, best median first."""
+    got = {n: statistics.median(v) for n in names if (v := values(servers, n, level))}
+    return sorted(got, key=lambda n: -got[n])
 
 
-def noise_margin(servers: list[dict], workload: str) -> float:
+def unmeasured_leader(candidates, servers, level, model, resolve) -> str | None:
+    """The candidate predicted first at a level while it is unmeasured, or one predicted within ``resolve`` of
+    the best measured figure; None where the level's leader is measured."""
+    ranked = sorted(estimates(candidates, servers, level, model).items(), key=lambda kv: -kv[1][0])
+    best = next((v for _, (v, how) in ranked if how == "measured"), None)
+    for name, (value, how) in ranked:
+        if how == "predicted" and (best is None or value >= best / (1 + resolve)):
+            return name
+    return None
+
+
+def noise_margin(servers: list[dict], level: int) -> float:
     """The widest log distance of a server from its candidate's median, over candidates with two or more."""
     margin = 0.0
     for name in {s["candidate"] for s in servers}:
-        got = values(servers, name, workload)
+        got = values(servers, name, level)
         if len(got) >= 2:
             middle = statistics.median(got)
             margin = max(margin, max(abs(math.log(v / middle)) for v in got))
     return margin
 
 
-def compare(servers: list[dict], workload: str, leader: str, runner: str, resolve: float) -> dict:
+def compare(servers: list[dict], level: int, leader: str, runner: str, resolve: float,
+            confidence: float = CONFIDENCE) -> dict:
     """The leader over the runner-up on their pairs: ratio, interval, the noise band and the verdict
-    ('best', 'within', or 'open')."""
-    a, b = values(servers, leader, workload), values(servers, runner, workload)
+    ('best', 'within', 'open', 'noise floor', 'at the band')."""
+    a, b = values(servers, leader, level), values(servers, runner, level)
     ratios = [x / y for x, y in zip(a, b)]
-    margin = noise_margin(servers, workload)
+    margin = noise_margin(servers, level)
     row = {"leader": leader, "runner_up": runner, "pairs": len(ratios), "ratios": ratios,
            "median": statistics.median(ratios) if ratios else None, "interval": None,
-           "noise_margin": math.exp(margin) - 1, "verdict": "open", "pairs_needed": None}
+           "noise_margin": math.exp(margin) - 1, "verdict": "open", "pairs_needed": None,
+           "confidence": confidence}
     if len(ratios) < 2:
         return row
     logs = [math.log(r) for r in ratios]
     mean, sd = statistics.fmean(logs), statistics.stdev(logs)
-    half = t_quantile(CONFIDENCE, len(logs) - 1) * sd / math.sqrt(len(logs))
+    half = t_quantile(confidence, len(logs) - 1) * sd / math.sqrt(len(logs))
     row["interval"] = [math.exp(mean - half), math.exp(mean + half)]
     target = math.log1p(resolve)
     if mean - half > margin:
@@ -143,16 +198,16 @@ def compare(servers: list[dict], workload: str, leader: str, runner: str, resolv
         if room <= 0:
             row["verdict"] = "noise floor" if margin >= target else "at the band"
         else:
-            row["pairs_needed"] = pairs_needed(sd, room)
+            row["pairs_needed"] = pairs_needed(sd, room, confidence)
     return row
 
 
-def pairs_needed(sd: float, room: float) -> int | None:
+def pairs_needed(sd: float, room: float, confidence: float = CONFIDENCE) -> int | None:
     """The pairs whose interval's half-width would fit in ``room`` at this spread (None: more than MAX_PAIRS)."""
     if sd == 0:
         return 2
     for n in range(2, MAX_PAIRS + 1):
-        if t_quantile(CONFIDENCE, n - 1) * sd / math.sqrt(n) <= room:
+        if t_quantile(confidence, n - 1) * sd / math.sqrt(n) <= room:
             return n
     return None
 
@@ -174,42 +229,119 @@ def sweep_order(names: list[str], repeats: int) -> list[str]:
     return order
 
 
+# ------------------------------------------------------------------------------------------------------ proof
+
+def proof_possible(settings: Settings) -> bool:
+    return bool(settings.prove and settings.per_batch and not settings.sweep)
+
+
 @dataclass
-class Step:
-    candidate: str | None  # the next server's candidate, or None to stop
-    profiled: bool = False
-    why: str = ""
+class Proof:
+    buckets: dict  # the tuned table: level -> [steps]
+    notes: list
+    fixed: str | None  # the best fixed setting
+    fixed_share: float | None  # its geometric mean share of each level's best
+    members: list  # the proof's candidates, in the first repeat's order: tuned (where it differs), adaptive, fixed
+    levels: tuple  # what proof servers measure
+
+
+def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Proof | None:
+    """The table for this box from the search's servers (steps 1-2), with the best fixed setting and who a proof
+    would compare; None where the release has no tables by batch size, in a sweep, or where no fixed setting was
+    measured at every level."""
+    if not settings.per_batch or settings.sweep:
+        return None
+    search = [s for s in measured(servers) if s.get("role") in SEARCH_ROLES]
+    figures = medians(search, settings.levels)
+    buckets, notes = tables.tuned_buckets(candidates, figures, settings.zero_steps)
+    fixed, share = tables.best_fixed(candidates, figures)
+    if fixed is None or not buckets:
+        return None
+    steps_of_fixed = next(c.fixed_steps for c in candidates if c.name == fixed)
+    same = tables.uniform(buckets) == steps_of_fixed  # the table would run the best fixed setting everywhere
+    members = ["adaptive", fixed] if same else ["tuned", "adaptive", fixed]
+    levels = tuple(sorted(set(settings.levels) | set(edge_levels(settings.levels) if settings.edges else ())))
+    return Proof(buckets, notes, fixed, share, members, levels)
+
+
+def plan_proof(candidates: list, servers: list[dict], settings: Settings) -> Proof | None:
+    """The proof the search servers call for (None where none can run: the release, --prove 0, no fixed setting
+    measured at every level, SGLang's own table missing)."""
+    if not proof_possible(settings) or not any(c.kind == "adaptive" for c in candidates):
+        return None
+    return plan_table(candidates, servers, settings)
+
+
+def _proof_step(proof: Proof, run: list[dict], settings: Settings, elapsed_s: float,
+                mean_server_s: float | None) -> Step | None:
+    done = [s for s in run if s.get("role") == "proof"]
+    if any(not s.get("ok") for s in done):
+        return None  # a member failed: the proof is abandoned (the report names it)
+    order = sweep_order(proof.members, settings.prove)
+    if len(done) >= len(order):
+        return None
+    if len(done) % len(proof.members) == 0:  # a new repeat: only where all of it fits
+        more = len(proof.members)
+        if settings.max_servers is not None and len(run) + more > settings.max_servers:
+            return None
+        if mean_server_s is not None and elapsed_s + more * mean_server_s > settings.budget_s:
+            return None
+    return Step(order[len(done)], role="proof", levels=proof.levels,
+                why=f"the proof, repeat {len(done) // len(proof.members) + 1} of {settings.prove}")
+
+
+# ------------------------------------------------------------------------------------------------ next server
+
+def _limits(run: list[dict], settings: Settings, elapsed_s: float, mean_server_s: float | None) -> str | None:
+    if settings.max_servers is not None and len(run) >= settings.max_servers:
+        return f"the server limit ({settings.max_servers}) is reached"
+    if mean_server_s is not None and elapsed_s + mean_server_s > settings.budget_s:
+        return (f"another server (about {mean_server_s / 60:.1f} min) would pass the budget of"
+                f" {settings.budget_s / 60:g} min")
+    return None
 
 
 def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed_s: float,
               mean_server_s: float | None) -> Step:
     """The next server, or why the run stops."""
     run = measured(servers)
-    if settings.max_servers is not None and len(run) >= settings.max_servers:
-        return Step(None, why=f"the server limit ({settings.max_servers}) is reached")
-    if mean_server_s is not None and elapsed_s + mean_server_s > settings.budget_s:
-        return Step(None, why=f"another server (about {mean_server_s / 60:.1f} min) would pass the budget"
-                              f" of {settings.budget_s / 60:.0f} min")
+    stop = _limits(run, settings, elapsed_s, mean_server_s)
+    if stop:
+        return Step(None, why=stop)
     if settings.sweep:
         order = sweep_order([c.name for c in candidates], settings.sweep)
         if len(run) < len(order):
-            return Step(order[len(run)], why=f"sweep, {len(run) + 1} of {len(order)}")
+            return Step(order[len(run)], role="sweep", levels=settings.levels,
+                        why=f"sweep, {len(run) + 1} of {len(order)}")
         return Step(None, why=f"the sweep is complete ({len(order)} servers)")
-    targets = model_targets(candidates, run, settings)
-    for position, name in enumerate(targets):
+    for position, name in enumerate(model_targets(candidates, run, settings)):
         if not ok_servers(run, name):
             return Step(name, profiled=settings.profile and position < 2 and name.startswith("chain-"),
-                        why="the model needs it")
-    fitted = models(candidates, run, settings.workloads)
-    tops = {w: leaders(candidates, run, w, fitted[w]) for w in settings.workloads}
-    for workload, top in tops.items():  # every workload's two leaders measured before any pair is repeated
-        for name in top:
-            if not ok_servers(run, name):
-                return Step(name, why=f"a leading candidate for {LABELS[workload]} (predicted)")
-    for workload, top in tops.items():
+                        why="the model needs it", role="model", levels=settings.levels)
+    fitted = models(run, settings.levels)
+    for level in settings.levels:
+        name = unmeasured_leader(candidates, run, level, fitted[level], settings.resolve)
+        if name is not None:
+            return Step(name, role="leader", levels=settings.levels,
+                        why=f"predicted to lead {level_name(level)}; the answer must be measured")
+    proof = plan_proof(candidates, run, settings)
+    step = _proof_step(proof, run, settings, elapsed_s, mean_server_s) if proof else None
+    if step is not None:
+        return step
+    return _confirm_step(candidates, run, settings, elapsed_s, mean_server_s)
+
+
+def level_name(level: int) -> str:
+    return "one request (c=1)" if level == 1 else f"c={level}"
+
+
+def _confirm_step(candidates, run, settings, elapsed_s, mean_server_s) -> Step:
+    names = [c.name for c in candidates if c.kind != "tuned"]
+    for level in settings.levels:
+        top = best_measured(run, names, level)[:2]
         if len(top) < 2:
             continue
-        row = compare(run, workload, top[0], top[1], settings.resolve)
+        row = compare(run, level, top[0], top[1], settings.resolve)
         if row["verdict"] != "open":
             continue
         if row["pairs_needed"] is None and row["pairs"] >= 2:
@@ -218,6 +350,6 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
             more = 2 * (row["pairs_needed"] - row["pairs"])
             if elapsed_s + more * mean_server_s > settings.budget_s:
                 continue  # the budget cannot resolve it: stop asking, say so
-        return Step(next_of_pair(run, top[0], top[1]),
-                    why=f"{top[0]} against {top[1]} on {LABELS[workload]}: not resolved yet")
-    return Step(None, why="every workload's question is answered, or cannot be within the budget")
+        return Step(next_of_pair(run, top[0], top[1]), role="confirm", levels=settings.levels,
+                    why=f"{top[0]} against {top[1]} at {level_name(level)}: not resolved yet")
+    return Step(None, why="every level's question is answered, or cannot be within the budget")

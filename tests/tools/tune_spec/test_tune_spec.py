@@ -1,7 +1,7 @@
 """tune-spec end to end against the fake server that speaks SGLang's HTTP API (tests/support/fake_sglang_server.py):
-the wiring (bench's servers, the state, the report, a failed server, --resume, usage errors). What the fake's
-figures are is the machine's business: nothing here depends on them (the search itself is tested against a known
-cost model in test_search.py)."""
+the wiring (bench's servers, the levels, the state, the report, a failed server, --resume with the run's own
+workload, usage errors). What the fake's figures are is the machine's business: nothing here depends on them (the
+search itself is tested against a known cost model in test_search.py)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +11,14 @@ import sys
 import pytest
 
 from support import SUPPORT
+from support.spec_cost_model import FACTS_0_5_16
 
+import sglang_pcie.tools.tune_spec as tune_spec
 from sglang_pcie.tools.cli import main as cli_main
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
 FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
-SMALL = ["--concurrency", "2", "--batch-requests", "4", "--stream-requests", "2", "--input-len", "8",
+SMALL = ["--concurrency", "1,2", "--batch-requests", "4", "--stream-requests", "2", "--input-len", "8",
          "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT,
          "--server-cmd", FAKE, "--steps", "1,3,5", "--no-adaptive"]
 LAUNCH = ["--", "--model-path", "/m/target", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
@@ -24,13 +26,13 @@ LAUNCH = ["--", "--model-path", "/m/target", "--speculative-algorithm", "EAGLE3"
           "--speculative-num-draft-tokens", "4"]
 
 
-def tune(capsys, *argv):
-    code = cli_main(["tune-spec", *SMALL, *argv, *LAUNCH])
+def tune(capsys, *argv, launch=LAUNCH):
+    code = cli_main(["tune-spec", *SMALL, *argv, *launch])
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_a_run_measures_the_model_servers_keeps_its_state_and_says_what_to_launch(capsys, tmp_path, monkeypatch):
+def test_a_run_measures_every_level_keeps_its_state_and_says_what_to_launch(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL_RUNS", "01-chain-5")  # the deepest chain's server fails at start
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "4", "--no-warmup")
     assert code == 0, out + err
@@ -39,50 +41,105 @@ def test_a_run_measures_the_model_servers_keeps_its_state_and_says_what_to_launc
     names = [s["candidate"] for s in state["servers"]]
     assert names[:4] == ["chain-5", "chain-3", "chain-1", "none"]  # chain-1 stands in for the failed chain-5
     assert [s["ok"] for s in state["servers"]] == [False, True, True, True]
+    assert all(set(s["levels"]) == {"1", "2"} for s in state["servers"][1:])
+    assert state["servers"][1]["levels"]["2"]["requests"] == 4 and state["servers"][1]["levels"]["1"]["requests"] == 2
     assert "server 1 (chain-5) FAILED: start: server exited with code 3" in out
-    for label in ("batch output tok/s at concurrency 2", "one-request decode tok/s at concurrency 1"):
+    for label in ("one-request decode tok/s (c=1)", "output tok/s at c=2", "answer at c=2: ",
+                  "answer at one request (c=1): "):
         assert label in out
-    assert out.count("  launch (") == 2 and "python -m sglang.launch_server --model-path /m/target" in out
+    assert out.count("launch: python -m sglang.launch_server --model-path /m/target") == 1
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert set(result["analysis"]) == {"batch", "latency"}
-    assert "server 2: chain-3" in err  # progress on stderr
+    assert set(result["analysis"]["levels"]) == {"1", "2"}
+    assert "server 2: chain-3" in err and "c=2: 4 x 12 tokens" in err  # progress on stderr
 
 
-def test_resume_continues_a_run_with_its_own_launch(capsys, tmp_path):
+def test_resume_continues_a_run_with_its_own_launch_and_workload(capsys, tmp_path):
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup")
     assert code == 0, out + err
     state = json.loads((tmp_path / "run" / "state.json").read_text())
-    state["settings"]["max_servers"] = 2  # as if the first run had been stopped after one server
     state["complete"] = False
     (tmp_path / "run" / "state.json").write_text(json.dumps(state))
-    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), *SMALL])
+    # no workload option given now: the run's (c=1,2, 4 batch requests), not bench's defaults (c=32, 128)
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--max-servers", "2", "--port", FIRST_PORT])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     resumed = json.loads((tmp_path / "run" / "state.json").read_text())
     assert [s["candidate"] for s in resumed["servers"]] == ["chain-5", "chain-3"]
     assert resumed["servers"][0] == state["servers"][0]  # kept, not measured again
+    assert set(resumed["servers"][1]["levels"]) == {"1", "2"}
+    assert resumed["servers"][1]["levels"]["2"]["requests"] == 4
+    assert resumed["settings"]["max_servers"] == 2  # a limit may be raised
+
+
+@pytest.mark.parametrize("option", [["--concurrency", "1,32"], ["--batch-requests", "8"], ["--steps", "1,3"],
+                                    ["--resolve", "5%"], ["--output-len", "16"]])
+def test_resume_refuses_an_option_that_differs_from_the_runs(capsys, tmp_path, option):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup")
+    assert code == 0, out + err
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), *option])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"--resume: {option[0]} " in err, err
+    assert "differs from the run's" in err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--resolve", "0%"], "--resolve '0%'"),
     (["--steps", "1,x"], "--steps '1,x'"),
+    (["--steps", ""], "--steps ''"),
     (["--max-servers", "0"], "--max-servers 0"),
     (["--sweep", "-1"], "--sweep -1"),
+    (["--prove", "-1"], "--prove -1"),
+    (["--concurrency", "0,8"], "--concurrency '0,8'"),
+    (["--concurrency", ""], "--concurrency ''"),
+    (["--workload", "batch", "--concurrency", "1"], "--workload batch"),
+    (["--stream-requests", "0"], "--stream-requests 0"),
+    (["--table", "/nonexistent/table.json"], "--table /nonexistent/table.json: not a file"),
 ])
-def test_bad_options_are_one_line_naming_them(capsys, tmp_path, argv, message):
+def test_bad_options_are_one_line_naming_them_and_start_nothing(capsys, tmp_path, argv, message):
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
 
 
-def test_a_launch_without_speculation_is_refused(capsys, tmp_path):
-    code = cli_main(["tune-spec", *SMALL, "--out", str(tmp_path / "run"), "--", "--model-path", "/m/target"])
-    err = capsys.readouterr().err
-    assert code == 2 and "name no --speculative-algorithm" in err
+@pytest.mark.parametrize("launch, message", [
+    (["--", "--model-path", "/m/target"], "name no --speculative-algorithm"),
+    (["--", "--model-path", "/m/target", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"],
+     "names no --speculative-draft-model-path"),
+    (["--", "--model-path", "/m/target", "--speculative-algorithm", "NGRAM"], "EAGLE and EAGLE3 chains only"),
+])
+def test_a_launch_that_cannot_speculate_is_refused_before_any_server(capsys, tmp_path, launch, message):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), launch=launch)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
 
 
-def test_dry_run_lists_the_candidates_and_the_model_servers(capsys, tmp_path):
+def test_dry_run_lists_the_candidates_the_levels_and_the_model_servers(capsys, tmp_path):
     code, out, err = tune(capsys, "--dry-run", "--out", str(tmp_path / "run"))
     assert code == 0
-    assert "chain-5    chain" in out and "the user's setting: chain-3" in out
+    assert "chain-5    chain" in out and "the user's setting: chain-3" in out and "levels: c=1, c=2" in out
     assert "first servers (the model): chain-5, chain-3, none" in out
+
+
+def test_adaptive_steps_and_the_proof_where_the_release_has_the_table(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_spec, "adaptive_facts", lambda root: FACTS_0_5_16)
+    argv = [a for a in SMALL if a != "--no-adaptive"]
+    code = cli_main(["tune-spec", *argv, "--dry-run", *LAUNCH])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("adaptive   adaptive python -m sglang.launch_server --model-path /m/target --speculative-algorithm EAGLE3"
+            " --speculative-draft-model-path /m/draft --speculative-adaptive --speculative-num-steps 7"
+            " --speculative-eagle-topk 1 --speculative-num-draft-tokens 8") in out
+    assert "table for this box proven against SGLang's own and the best fixed setting (2 repeat(s))" in out
+
+
+def test_a_table_given_is_weighed_as_a_candidate(capsys, tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"1": {"candidate_steps": [5]}, "32": {"candidate_steps": [0, 3]}}))
+    code, out, err = tune(capsys, "--dry-run", "--table", str(table))
+    assert code == 0, err
+    assert (f"table      table    python -m sglang.launch_server --model-path /m/target --speculative-algorithm EAGLE3"
+            f" --speculative-draft-model-path /m/draft --speculative-adaptive --speculative-adaptive-config {table}"
+            " --speculative-num-steps 5") in out
+    table.write_text(json.dumps({"1": {"candidate_steps": [True]}}))  # a boolean is no step
+    code, out, err = tune(capsys, "--dry-run", "--table", str(table))
+    assert code == 2 and "candidate_steps must be a list of steps 0 to 16" in err
