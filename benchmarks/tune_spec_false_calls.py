@@ -1,7 +1,7 @@
 """How often tune-spec calls a winner between two candidates that are equal (its A/A false-call rate), and how often
 it resolves a real lead, against the known cost model of tests/support/spec_cost_model.py (no server, no clock).
 
-    python3 -m benchmarks.tune_spec_false_calls [--seeds 500] > benchmarks/results/2026-12-03-cpu/tune_spec_false_calls.txt
+    python3 -m benchmarks.tune_spec_false_calls [--seeds 500] > benchmarks/results/2026-12-05-cpu/tune_spec_false_calls.txt
 
 A/A: no speculation and the user's chain (chain-3: both always measured) equal and far ahead of every other
 candidate; servers spread log-normally by --noise; a 20-minute budget of 60 s servers. Each run is two comparisons

@@ -49,9 +49,9 @@ RESUME_MAY_CHANGE = ("budget_minutes", "max_servers", "prove", "json", "dry_run"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--concurrency", default=DEFAULT_LEVELS, metavar="C[,C...]",
-                   help=f"the concurrency levels every server measures (default {DEFAULT_LEVELS}); 1 is one request"
-                        " at a time, streamed")
+    p.add_argument("--concurrency", default=DEFAULT_LEVELS, metavar="LEVELS",
+                   help=f"the concurrency levels every server measures, comma-separated (default {DEFAULT_LEVELS});"
+                        " 1 is one request at a time, streamed")
     p.add_argument("--workload", choices=("batch", "latency", "both"), default="both",
                    help="which levels: batch (those above 1), latency (1 only) or both (default)")
     p.add_argument("--budget-minutes", type=float, default=60.0, metavar="M",
@@ -276,5 +276,5 @@ def _tune(args, plan, found, settings, state, folder, facts) -> int:
 
 COMMAND = Command("tune-spec", "the speculative setting that serves this box fastest at each concurrency, measured",
                   add_arguments, run, description=DESCRIPTION, epilog=EPILOG,
-                  usage=f"{PROG} [--concurrency C,C,...] [--budget-minutes M] [--resolve PCT] [options]"
+                  usage=f"{PROG} [--concurrency LEVELS] [--budget-minutes M] [--resolve PCT] [options]"
                         " -- <launch_server arguments>", passthrough=True)
