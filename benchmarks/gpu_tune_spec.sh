@@ -13,6 +13,7 @@
 #      and best fixed chain servers are the tuned table against SGLang's default table and the best fixed chain, in
 #      counterbalanced pairs.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
+# A second pair: PAIR=e2e-tokenwise on every call (below); its servers are shorter, its regime host-bound.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
 # Collect: bash benchmarks/gpu_tune_spec.sh collect    (WAIT s at most; call again WITHIN 30 s while RUNNING)
@@ -21,7 +22,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 REPO=$PWD
 NAME=tunespec
-M=${MODELS:-/tmp/tunespec-models}
+M=${MODELS:-/tmp/tunespec-models-${PAIR:-8b}}
+# PAIR=8b (default): the GPU-bound Llama-8B-shaped pair, --acceptance mixed. PAIR=e2e-tokenwise: a second pair of
+# another shape and acceptance (the e2e preset, 2048 hidden, 8 layers: host-bound; accepted token by token)
+case ${PAIR:-8b} in
+  8b) PAIR_ARGS="--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed";;
+  e2e-tokenwise) PAIR_ARGS="--preset e2e --acceptance tokenwise";;
+  *) echo "PAIR=$PAIR: 8b or e2e-tokenwise" >&2; exit 2;;
+esac
 WARM_MODELS=${WARM_MODELS:-/tmp/tunespec-warm-models}
 SHAPE=(--tp-size 1 --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
        --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
@@ -37,8 +45,7 @@ if [ "${1:-}" = models ]; then
   # first (seconds), then the 8B-shaped one
   setsid nohup bash -c "cd $REPO && PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models \
     $WARM_MODELS --preset e2e --acceptance mixed > $WARM_MODELS.log 2>&1; touch $WARM_MODELS.done; \
-    ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $M \
-    --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed ) > $M.log 2>&1; \
+    ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $M $PAIR_ARGS ) > $M.log 2>&1; \
     touch $M.done" > /dev/null 2>&1 < /dev/null &
   echo "models started ($M.log)"; exit 0
 fi
