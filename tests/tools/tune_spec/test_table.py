@@ -1,0 +1,153 @@
+"""The table tune-spec writes for this box and the tables it reads: each bucket's step from the best measured fixed
+setting, step 0 where the release takes it, the best fixed setting by geometric mean, the file exactly as SGLang's
+--speculative-adaptive-config reads it (loaded by 0.5.16's and 0.5.13's own loaders from their pristine sources),
+and a given table bounded and checked, each fault named in one line."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+
+import pytest
+
+from sglang_pcie.tools.tune_spec.candidates import Candidate
+from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, fixed_medians,
+                                               read_table, tuned_buckets, uniform, write_table)
+
+def release_loader(root):
+    """The release's own ``_load_adaptive_config``, executed from its pristine source alone."""
+    path = root / "sglang/srt/speculative/adaptive_spec_params.py"
+    keep = [node for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name == "_load_adaptive_config"]
+    space = {"json": json}
+    exec(compile(ast.Module(keep, []), str(path), "exec"), space)  # noqa: S102 (a pristine release's own code)
+    return space["_load_adaptive_config"]
+
+
+FOUND = [Candidate("none", (), None, "none"), Candidate("chain-1", (), 1, "chain"),
+         Candidate("chain-3", (), 3, "chain"), Candidate("chain-7", (), 7, "chain"),
+         Candidate("current", (), None, "current"), Candidate("adaptive", (), None, "adaptive")]
+MEDIANS = {1: {"none": 100.0, "chain-1": 150.0, "chain-3": 200.0, "chain-7": 250.0, "current": 999.0},
+           8: {"none": 800.0, "chain-1": 900.0, "chain-3": 1000.0, "chain-7": 950.0, "adaptive": 999.0},
+           64: {"none": 5000.0, "chain-1": 4000.0, "chain-3": 3000.0}}
+
+
+def test_only_fixed_candidates_count():
+    assert fixed_medians(FOUND, MEDIANS) == {
+        1: {"none": 100.0, "chain-1": 150.0, "chain-3": 200.0, "chain-7": 250.0},
+        8: {"none": 800.0, "chain-1": 900.0, "chain-3": 1000.0, "chain-7": 950.0},
+        64: {"none": 5000.0, "chain-1": 4000.0, "chain-3": 3000.0}}
+
+
+def test_each_bucket_runs_its_levels_best_fixed_setting_and_step_0_where_the_release_takes_it():
+    assert tuned_buckets(FOUND, MEDIANS, zero_steps=True) == ({1: [7], 8: [3], 64: [0]}, [])
+    assert tuned_buckets(FOUND, {**MEDIANS, 32: {}}, zero_steps=True)[0] == {1: [7], 8: [3], 64: [0]}
+
+
+def test_a_release_that_refuses_step_0_gets_the_best_measured_chain_noted():
+    buckets, notes = tuned_buckets(FOUND, MEDIANS, zero_steps=False)
+    assert buckets == {1: [7], 8: [3], 64: [1]}
+    assert notes == ["c=64: no speculation is best, but this release refuses step 0 in a table: chain-1 (0.800x of"
+                     " none) instead"]
+    buckets, notes = tuned_buckets(FOUND, {1: {"chain-3": 10.0}, 64: {"none": 9.0}}, zero_steps=False)
+    assert buckets == {1: [3]}
+    assert notes == ["c=64: no speculation is best and this release refuses step 0; no chain measured"]
+
+
+def test_uniform_is_the_one_step_of_every_bucket():
+    assert uniform({1: [3], 8: [3], 64: [3]}) == 3
+    assert uniform({1: [0], 8: [0]}) == 0
+    assert uniform({1: [3], 8: [1]}) is None
+
+
+def test_the_best_fixed_setting_is_the_highest_geometric_mean_share_over_every_level():
+    # measured at every level: none and chain-1, chain-3 (chain-7 misses c=64)
+    name, share = best_fixed(FOUND, MEDIANS)
+    shares = {"none": (100 / 250, 800 / 1000, 1.0), "chain-1": (150 / 250, 900 / 1000, 4000 / 5000),
+              "chain-3": (200 / 250, 1.0, 3000 / 5000)}
+    means = {n: math.exp(sum(map(math.log, s)) / 3) for n, s in shares.items()}
+    assert name == max(means, key=means.get) == "chain-3" and share == pytest.approx(means["chain-3"], abs=1e-12)
+    assert best_fixed(FOUND, {1: {"current": 5.0}}) == (None, None)
+    assert best_fixed(FOUND, {1: {"chain-1": 5.0}, 8: {"chain-3": 5.0}}) == (None, None)  # none at every level
+    assert best_fixed(FOUND, {1: {"chain-3": 5.0, "chain-1": 5.0}}) == ("chain-1", 1.0)  # a tie: by name
+
+
+def test_the_file_is_sglangs_adaptive_config_exactly(tmp_path):
+    path = write_table({64: [0], 1: [7], 8: [3]}, tmp_path)
+    assert path == tmp_path / TABLE_FILE == tmp_path / "adaptive-config.json"
+    assert path.read_text() == ('{\n "1": {\n  "candidate_steps": [\n   7\n  ]\n },\n "8": {\n  "candidate_steps": [\n'
+                                '   3\n  ]\n },\n "64": {\n  "candidate_steps": [\n   0\n  ]\n }\n}\n')
+    assert config_json({8: (3,)}) == {"8": {"candidate_steps": [3]}}
+    assert read_table(str(path)) == {1: [7], 8: [3], 64: [0]}
+
+
+def test_sglangs_own_loaders_read_the_file(pristine_source, tmp_path):
+    """0.5.16's _load_adaptive_config takes it as written; 0.5.13's refuses its step 0, as the release facts say."""
+    path = write_table({1: [7], 8: [3], 64: [0]}, tmp_path)
+    load = release_loader(pristine_source("0.5.16"))
+    cfg, buckets = load(str(path))
+    assert buckets == {1: {"candidate_steps": [7]}, 8: {"candidate_steps": [3]}, 64: {"candidate_steps": [0]}}
+    load = release_loader(pristine_source("0.5.13"))
+    with pytest.raises(ValueError, match="BS 64"):
+        load(str(path))
+    assert load(str(write_table({1: [7], 64: [1]}, tmp_path)))[1] == {1: {"candidate_steps": [7]},
+                                                                      64: {"candidate_steps": [1]}}
+
+
+def test_each_bucket_serves_the_batches_up_to_the_next():
+    assert bucket_ranges({64: [0], 1: [7], 8: [3]}) == ["batch 1-7: 7 steps", "batch 8-63: 3 steps",
+                                                        "batch 64-up: no speculation"]
+    assert bucket_ranges({8: [2]}) == ["batch 1-up: 2 steps"]  # below the lowest key: the lowest bucket
+
+
+def test_a_given_table_keeps_its_buckets_and_skips_other_keys(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 7], "up_hysteresis": 0.0}, "note": "x",
+                                "64": {"candidate_steps": [0, 16]}}))
+    assert read_table(str(path)) == {1: [1, 3, 7], 64: [0, 16]}
+
+
+def test_a_table_up_to_64_kib_is_read_and_one_byte_more_is_not(tmp_path):
+    path = tmp_path / "t.json"
+    body = json.dumps({"1": {"candidate_steps": [3]}})
+    path.write_text(body + " " * (64 * 1024 - len(body)))
+    assert path.stat().st_size == 64 * 1024 and read_table(str(path)) == {1: [3]}
+    path.write_text(body + " " * (64 * 1024 + 1 - len(body)))
+    with pytest.raises(ValueError) as caught:
+        read_table(str(path))
+    assert str(caught.value) == f"{path}: over 64 KiB, not an adaptive table"
+
+
+BAD_STEPS = "bucket 8: candidate_steps must be a list of steps 0 to 16"
+
+
+@pytest.mark.parametrize("content, fault", [
+    (b"{\"1\": ", "not JSON (Expecting value: line 1 column 7 (char 6))"),
+    (b"\xff\xfe{}", "not JSON ("),
+    (b"[1, 2]", "not a JSON object"),
+    (b"{\"note\": 1}", "no batch-size bucket (keys such as \"1\", \"32\")"),
+    (b"{}", "no batch-size bucket (keys such as \"1\", \"32\")"),
+    (b"{\"8\": [3]}", BAD_STEPS),
+    (b"{\"8\": {}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": []}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": 3}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": [true]}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": [-1]}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": [17]}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": [2.0]}}", BAD_STEPS),
+    (b"{\"8\": {\"candidate_steps\": [\"3\"]}}", BAD_STEPS),
+])
+def test_each_malformed_table_is_named_in_one_line(tmp_path, content, fault):
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as caught:
+        read_table(str(path))
+    said = str(caught.value)
+    assert said.startswith(f"{path}: {fault}") and "\n" not in said, said
+
+
+def test_a_path_that_is_no_file_is_named(tmp_path):
+    for path in (tmp_path, tmp_path / "missing.json"):
+        with pytest.raises(ValueError) as caught:
+            read_table(str(path))
+        assert str(caught.value) == f"{path}: not a file"
