@@ -1,0 +1,190 @@
+"""What tune-spec says, line by line: each verdict, a level's table with 'not measured' and 'the model cannot
+predict', the user's setting kept where within, the tuned table 'NOT measured' or 'no table needed', the proof's
+rows, and the recommendation with its launch."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sglang_pcie.tools.tune_spec import report
+from sglang_pcie.tools.tune_spec.report import format_report, proof_lines, verdict_line
+from support.spec_cost_model import LAUNCH, make_settings
+
+SETTINGS = SimpleNamespace(resolve=0.02)
+
+
+def comparison(verdict, median=1.05, interval=(1.02, 1.08), pairs=3, margin=0.01, needed=None):
+    return {"leader": "chain-5", "runner_up": "none", "pairs": pairs, "median": median,
+            "interval": list(interval) if interval else None, "noise_margin": margin, "verdict": verdict,
+            "pairs_needed": needed}
+
+
+def test_each_verdict_in_its_words():
+    ranked = ["chain-5", "none"]
+    assert verdict_line([], None, SETTINGS) == "no candidate has a measured figure: every server failed"
+    assert verdict_line(["none"], None, SETTINGS) == "none is the only candidate measured"
+    assert verdict_line(ranked, comparison("best"), SETTINGS) == (
+        "chain-5 is best by +5.0% [+2.0% to +8.0%] over none (3 pairs, noise band +-1.0%)")
+    assert verdict_line(ranked, comparison("within", 1.001, (0.995, 1.007), margin=0.0), SETTINGS) == (
+        "chain-5 and none are within 2%: either (+0.1% [-0.5% to +0.7%], 3 pairs)")
+    assert verdict_line(ranked, comparison("noise floor", margin=0.03), SETTINGS) == (
+        "cannot tell: servers of one candidate spread +-3.0% here, wider than 2%, and the lead does not clear that"
+        " spread; chain-5 leads none by +5.0% [+2.0% to +8.0%] over 3 pairs, noise band +-3.0%")
+    assert verdict_line(ranked, comparison("at the band"), SETTINGS) == (
+        "cannot tell: the lead is about the servers' own spread, more pairs do not settle it; chain-5 leads none by"
+        " +5.0% [+2.0% to +8.0%] over 3 pairs, noise band +-1.0%")
+    assert verdict_line(ranked, comparison("open", needed=7), SETTINGS) == (
+        "cannot tell within the budget: chain-5 leads none by +5.0% [+2.0% to +8.0%] over 3 pairs, noise band"
+        " +-1.0%; about 7 pairs would resolve 2%")
+    assert verdict_line(ranked, comparison("open", interval=(0.5, 1.0), needed=9), SETTINGS).startswith(
+        "cannot tell within the budget: chain-5 leads none by +5.0% [-50.0% to +0.0%] over 3 pairs")  # 2x: shown
+    assert verdict_line(ranked, comparison("open", interval=(0.5, 1.25)), SETTINGS) == (
+        "cannot tell within the budget: chain-5 leads none by +5.0% [interval wider than 2x: nothing resolved] over"
+        " 3 pairs, noise band +-1.0%; resolving 2% needs more than 50 pairs at this spread")
+    assert verdict_line(ranked, comparison("open", 1.1, None, 1, 0.0), SETTINGS) == (
+        "cannot tell within the budget: chain-5 leads none by +10.0% over 1 pair")
+
+
+MODEL = {"cannot_predict": None, "accept_at_least": [0.8, 0.6], "acceptance_source": "per request", "requests": 8,
+         "tau_ms": {"alpha": 1.5, "beta": 0.25}, "depths_measured": [3, 7]}
+
+
+def level(**over):
+    rows = [{"candidate": "none", "predicted": None, "measured": 1000.0, "interval": (990.0, 1010.0),
+             "values": [995.0, 1000.0, 1005.0], "n": 3, "failed": False},
+            {"candidate": "chain-3", "predicted": 900.0, "measured": 945.0, "interval": None, "values": [945.0],
+             "n": 1, "failed": False},
+            {"candidate": "chain-1", "predicted": None, "measured": 905.0, "interval": (850.0, 960.0),
+             "values": [900.0, 910.0], "n": 2, "failed": False},
+            {"candidate": "chain-5", "predicted": 1100.0, "measured": None, "interval": None, "values": [], "n": 0,
+             "failed": False},
+            {"candidate": "chain-6", "predicted": None, "measured": None, "interval": None, "values": [], "n": 0,
+             "failed": False},
+            {"candidate": "chain-7", "predicted": None, "measured": None, "interval": None, "values": [], "n": 0,
+             "failed": True}]
+    result = {"label": "output tok/s at c=32", "rows": rows, "model": MODEL, "verdict": "V", "answer": "none",
+              "unmeasured_higher": {"chain-5": {"predicted": 1100.0, "servers": 1, "minutes": 1.5}},
+              "no_speculation_best": True,
+              "break_even": {"candidate": "chain-3", "needed_tokens_per_verify": 2.75,
+                             "measured_tokens_per_verify": 2.5}}
+    result.update(over)
+    return result
+
+
+def test_a_levels_lines():
+    assert report._level_lines(level(), 32) == [
+        "output tok/s at c=32",
+        "  candidate   predicted   measured   95% interval (n>=3)             min-max   n  note",
+        "  none                -     1000.0        [990.0-1010.0]        995.0-1005.0   3  answer",
+        "  chain-3         900.0      945.0                     -                   -   1  measured/predicted 1.050",
+        "  chain-1             -      905.0                     -         900.0-910.0   2  ",
+        "  chain-5        1100.0          -                     -                   -   0  ",
+        "  chain-7             -          -                     -                   -   0  FAILED",
+        "  accepted at least j drafts, deepest chain (per request, 8 request(s)): 1: 80.0%  2: 60.0%",
+        "  step time per request-verify: 1.500 + 0.250 ms per draft step (chains measured at 3, 7 steps)",
+        "  verdict: V",
+        "  answer at c=32: none (measured)",
+        "  not measured: chain-5, predicted 1100.0, above the answer; one server, about 1.5 min would tell (the"
+        " answer stays the measured one)",
+        "  speculation does not pay here: chain-3 would need 2.75 tokens per verify at this box's costs, its drafter"
+        " gives 2.50"]
+
+
+def test_cannot_predict_and_an_unmeasured_leader_without_a_server_time():
+    lines = report._level_lines(level(model=dict(MODEL, cannot_predict="no acceptance histograms"),
+                                      unmeasured_higher={"chain-5": {"predicted": 1100.0, "servers": 1,
+                                                                     "minutes": None}},
+                                      no_speculation_best=False), 1)
+    assert "  the model cannot predict: no acceptance histograms" in lines
+    assert not any(line.startswith("  accepted at least") or line.startswith("  step time") for line in lines)
+    assert "  answer at one request (c=1): none (measured)" in lines
+    assert ("  not measured: chain-5, predicted 1100.0, above the answer; one server would tell (the answer stays"
+            " the measured one)") in lines
+    assert not any("speculation does not pay" in line for line in lines)
+
+
+def entry(name, kind, steps, figures, role="model", ok=True):
+    return {"candidate": name, "kind": kind, "steps": steps, "index": 0, "role": role, "ok": ok,
+            "failure": None if ok else "start: exit 1", "levels": {str(c): {"value": v} for c, v in figures.items()}}
+
+
+def test_the_level_keeps_the_users_setting_only_where_it_is_one_of_the_two_within():
+    found, settings = make_settings(LAUNCH, levels=(32,))  # the user runs chain-3
+    run = [entry("chain-7", "chain", 7, {32: 1000.0}), entry("chain-3", "chain", 3, {32: 999.5}),
+           entry("chain-3", "chain", 3, {32: 1000.8}), entry("chain-7", "chain", 7, {32: 1001.0})]
+    result = report.analyse(found, run, settings)["levels"]["32"]
+    assert result["comparison"]["leader"] == "chain-7" and result["comparison"]["verdict"] == "within"
+    assert result["answer"] == "chain-3"  # equal within 2%: the launch as it is
+    assert result["unmeasured_higher"] == {} and result["no_speculation_best"] is False
+    # the user's chain-3 not among the two within: the leader is the answer
+    run = [entry("chain-7", "chain", 7, {32: 1000.0}), entry("chain-5", "chain", 5, {32: 999.5}),
+           entry("chain-5", "chain", 5, {32: 1000.8}), entry("chain-7", "chain", 7, {32: 1001.0}),
+           entry("chain-3", "chain", 3, {32: 900.0})]
+    result = report.analyse(found, run, settings)["levels"]["32"]
+    assert result["comparison"]["verdict"] == "within" and result["answer"] == "chain-7"
+
+
+def test_only_predictions_above_the_best_measured_are_named(tmp_path):
+    from support.spec_cost_model import CostModelServer, tune_with
+    found, settings, state = tune_with(CostModelServer(noise=0.0), tmp_path, max_servers=3, levels=(32,))
+    result = report.analyse(found, state["servers"], settings, mean_server_s=60.0)["levels"]["32"]
+    best = max(r["measured"] for r in result["rows"] if r["measured"])
+    predicted = {r["candidate"]: r["predicted"] for r in result["rows"] if r["predicted"] and not r["n"]}
+    above = {n: v for n, v in predicted.items() if v > best}
+    assert above and len(above) < len(predicted)  # some above the answer, some not
+    assert result["unmeasured_higher"] == {n: {"predicted": v, "servers": 1, "minutes": 1.0}
+                                           for n, v in sorted(above.items(), key=lambda kv: -kv[1])}
+
+
+def analysis(**over):
+    base = {"servers_by_role": {"model": 2}, "levels": {"32": level()}, "proof": None, "table": None,
+            "recommendation": {"candidate": None, "why": "no candidate was measured at every level", "launch": None}}
+    base.update(over)
+    return base
+
+
+def text_of(result, servers=()):
+    return format_report([], list(servers), SimpleNamespace(levels=(32,)), result, "the budget", "SGLang 0.5.16 ...")
+
+
+def test_the_report_says_no_table_needed_or_the_table_not_measured():
+    table = {"buckets": {"1": [7], "32": [0]}, "notes": ["c=32: n"], "fixed": "chain-3", "needed": True}
+    lines = text_of(analysis(table=table)).splitlines()
+    assert lines[0] == "tune-spec: 0 server(s) measured (model 2); stopped: the budget"
+    assert lines[1] == "release: SGLang 0.5.16 ..."
+    assert ("the table for this box (adaptive-config.json in the run's folder): batch 1-31: 7 steps; batch 32-up: no"
+            " speculation; NOT measured (no proof ran: --prove 0, the budget, or SGLang's own table left out): prove"
+            " it with --resume DIR --prove 2") in lines
+    assert "  note: c=32: n" in lines
+    lines = text_of(analysis(table=dict(table, needed=False, notes=[]))).splitlines()
+    assert "no table needed: chain-3 is the best measured fixed setting at every level" in lines
+    assert not any("NOT measured" in line for line in lines)
+    assert lines[-1] == "recommendation: none measured (no candidate was measured at every level)"
+
+
+def test_the_report_names_failed_servers_the_warm_up_and_the_launch():
+    servers = [{"warmup": True, "candidate": "chain-7"}, dict(entry("chain-7", "chain", 7, {}, ok=False), index=1)]
+    pick = {"candidate": "none", "why": "w", "launch": "python -m sglang.launch_server --m /t"}
+    lines = text_of(analysis(recommendation=pick), servers).splitlines()
+    assert lines[0] == "tune-spec: 1 server(s) measured (model 2) after one warm-up server; stopped: the budget"
+    assert "  server 1 (chain-7) FAILED: start: exit 1" in lines
+    assert lines[-2:] == ["recommendation: none (w)", "launch: python -m sglang.launch_server --m /t"]
+
+
+def test_the_proofs_lines():
+    proof = {"buckets": {"1": [7], "8": [3], "64": [0]}, "notes": [], "members": ["tuned", "adaptive", "chain-3"],
+             "fixed": "chain-3", "fixed_share": 0.9512, "repeats_run": 1, "repeats_planned": 2, "failed": ["tuned"],
+             "main_levels": [1, 8], "rows": {"7": [{"a": "tuned", "b": "adaptive", "median": 1.031,
+                                                    "interval": [1.01, 1.05], "verdict": "higher"},
+                                                   {"a": "tuned", "b": "chain-3", "median": None, "interval": None,
+                                                    "verdict": "cannot tell"}],
+                                             "8": [{"a": "adaptive", "b": "chain-3", "median": 0.99,
+                                                    "interval": [0.5, 1.5], "verdict": "cannot tell"}]}}
+    assert proof_lines(proof) == [
+        "the table for this box: batch 1-7: 7 steps; batch 8-63: 3 steps; batch 64-up: no speculation (SGLang pads a"
+        " batch to a CUDA-graph batch size before it picks the bucket)",
+        "proof: tuned, adaptive, chain-3 (chain-3 is the best fixed setting: geometric mean 0.951 of the best per"
+        " level); 1 of 2 repeat(s) run; 95% intervals over the pairs, an effect called only beyond the proof servers'"
+        " own spread",
+        "  FAILED: tuned: the proof is incomplete",
+        "  c=7 (edge): tuned/adaptive +3.1% [+1.0% to +5.0%] higher; tuned/chain-3 - cannot tell",
+        "  c=8: adaptive/chain-3 -1.0% cannot tell"]
