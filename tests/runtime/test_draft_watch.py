@@ -107,6 +107,30 @@ def test_a_few_rare_never_accepted_tokens_are_no_warning():
     assert dw.judge(proposed, accepted)["warn"]
 
 
+def test_fewer_than_three_never_accepted_tokens_are_no_warning_however_sure_and_large():
+    proposed = np.full(102, 1000, dtype=np.int64)
+    proposed[:3] = 2000
+    accepted = proposed // 2
+    accepted[:2] = 0  # two tokens, 3.8% of the first drafts, each proposed 2,000 times: P tiny
+    finding = dw.judge(proposed, accepted)
+    assert (finding["dead"], finding["warn"]) == (2, False)
+    assert finding["tail"] < 1e-12 and finding["dead_share"] >= dw.MIN_DEAD_SHARE
+    accepted[2] = 0
+    assert dw.judge(proposed, accepted)["warn"]
+
+
+def test_a_server_is_warned_once_whatever_later_looks_find():
+    watch = dw.DraftWatch()
+    proposed = np.full(100, 1000, dtype=np.int64)
+    accepted = proposed // 2
+    accepted[:5] = 0
+    counts = np.concatenate([proposed, accepted, np.full(100, dw.CONTEXT_BUCKETS, dtype=np.int64)])
+    watch.judge_counts(counts)
+    watch.judge_counts(counts)
+    assert watch.state == dw.WARNED and len(watch.lines) == 1 and watch.looks == 2
+    assert watch.lines[0].startswith(f"{dw.LOG_PREFIX}: EAGLE drafter None proposes 5 target tokens as first drafts")
+
+
 def test_a_token_is_tested_only_once_h0_makes_its_silence_unlikely():
     floor = dw.FLOOR_SHARE * 0.5
     needed = math.ceil(math.log(dw.Q_TESTED) / math.log(1 - floor))
@@ -246,3 +270,18 @@ def test_verifies_without_drafts_are_skipped_not_an_error(scenarios):
     """With adaptive steps at 0 SGLang verifies one token per request and no draft: nothing to count, no line."""
     skipped = scenarios["no_drafts"]
     assert skipped == {"state": dw.WATCHING, "lines": [], "total": 2}
+
+
+@pytest.mark.release
+def test_the_counts_are_read_back_each_time_they_double_and_every_look_seconds(scenarios):
+    # 8 first drafts a verify, 1 ms apart, look_seconds 1 s: the first look at 1,000, then at 2,000 and 4,000
+    # (doubled), then 1 s after the last read-back, however few more
+    assert scenarios["read_backs"] == [[125, 1000], [250, 2000], [500, 4000], [502, 4016]]
+
+
+@pytest.mark.release
+def test_a_verify_inside_a_cuda_graph_capture_on_the_gpu_neither_binds_nor_counts(scenarios):
+    captured = scenarios["graph_capture"]
+    # [capturing, bound, verifies counted, first drafts counted] after each verify
+    assert captured["steps"] == [[True, False, 0, 0], [False, True, 1, 3], [True, True, 1, 3], [False, True, 2, 5]]
+    assert captured["proposed"] == [3, 4, 5, 7, 8] and captured["state"] == dw.WATCHING

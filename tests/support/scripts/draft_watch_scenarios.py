@@ -166,6 +166,50 @@ def no_drafts():
     return {"state": watch.state, "lines": watch.lines, "total": int(watch.counts[:50].sum())}
 
 
+def read_backs():
+    """When the counts are read back: [verify, first drafts counted] at each read-back requested."""
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    reads = []
+    for i in range(1, 503):
+        clock.now += 1.0 if i == 501 else 0.001  # verify 501 completes the read-back of verify 500
+        wrapped(worker(), batch([j % 40 for j in range(i, i + 8)], [1] * 8))
+        if watch.counted_at_read != (reads[-1][1] if reads else 0):
+            reads.append([i, watch.counted_at_read])
+    return reads
+
+
+class OnGpu(torch.Tensor):
+    """A draft_token that says it is on the GPU (the capture check's path), held on the CPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def graph_capture():
+    """The GPU path while SGLang captures its CUDA graphs: a verify inside a capture neither binds the watch
+    (buffers made in a capture belong to the graph) nor counts (the copies would be baked into the graph)."""
+    watch, clock = fresh()
+    wrapped = dw.wrap(v2_verify, "v2")
+    capturing = [True]
+    real, torch.cuda.is_current_stream_capturing = torch.cuda.is_current_stream_capturing, lambda: capturing[0]
+    steps = []
+    try:
+        for capture, first in ((True, [1, 2]), (False, [3, 4, 5]), (True, [6]), (False, [7, 8])):
+            capturing[0] = capture
+            clock.now += 0.01
+            b = batch(first, [1] * len(first))
+            b.spec_info.draft_token = b.spec_info.draft_token.as_subclass(OnGpu)
+            wrapped(worker(), b)
+            steps.append([capture, watch.counts is not None, watch.sampled, watch.counted])
+    finally:
+        torch.cuda.is_current_stream_capturing = real
+    watch.count_buffered()
+    c = watch.counts.tolist()
+    return {"steps": steps, "proposed": [t for t in range(50) for _ in range(c[t])], "state": watch.state}
+
+
 def error():
     watch, clock = fresh()
     wrapped = dw.wrap(lambda self, b: NS(accept_lens="not a tensor"), "v2")
@@ -179,5 +223,6 @@ print(json.dumps({
     "stride": stride(),
     "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
     "error": error(), "no_drafts": no_drafts(), "buffer_wraps": buffer_wraps(),
-    "repeated_contexts": repeated_contexts(),
+    "repeated_contexts": repeated_contexts(), "graph_capture": graph_capture(),
+    "read_backs": read_backs(),
 }))
