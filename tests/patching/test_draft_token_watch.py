@@ -90,3 +90,47 @@ def test_install_wraps_verify_once_and_refuses_a_wrong_shape_changing_nothing():
     with pytest.raises(Drift, match=r"takes \(self, forward_batch\), not \(self, batch\)"):
         PATCH.install(module, None)
     assert cls.verify is wrong
+
+
+def test_check_runtime_says_disabled_when_switched_off_and_names_what_is_not_watched():
+    from sglang_pcie.runtime.settings import load_settings
+    from sglang_pcie.patching.engine import DISABLED, NOT_APPLICABLE
+
+    module, cls = _module(V2, lambda self, batch: None)
+    switched_off = PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id}))
+    assert switched_off == Result(DISABLED, "listed in SGLANG_PCIE_DISABLE_PATCHES")
+    assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE": "1"})) == \
+        Result(DISABLED, "SGLANG_PCIE_DISABLE is set")
+    on = load_settings({})
+    assert PATCH.check_runtime({}, on) == Result(NOT_APPLICABLE, "no EAGLE worker module in this release")
+    old, _ = _module(V1, lambda self, batch: None)
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == \
+        Result(DRIFTED, "not watched: EAGLEWorker.verify, EAGLEWorkerV2.verify")
+    PATCH.install(module, on)
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, "not watched: EAGLEWorker.verify")
+    assert PATCH.check_runtime({V2: module}, on) == Result(APPLIED, (
+        "watching v2 EAGLEWorkerV2.verify (first drafts per token, sampled; reads accept_lens)"))
+    assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})).status == \
+        DISABLED  # switched off in this process: disabled, however the class looks
+
+
+def test_the_static_check_drifts_on_a_coroutine_verify_or_drafts_gone_and_reads_a_half_baked_tree_as_unbaked(
+        pristine_source, tmp_path):
+    root = pristine_source("0.5.9")  # both workers
+    shutil.copytree(root / "sglang", tmp_path / "sglang")
+    v1, v2 = (tmp_path / (m.replace(".", "/") + ".py") for m in (V1, V2))
+    v2_text = v2.read_text()
+    v2.write_text(v2_text + "\n# sglang-pcie: draft-token-watch\n")  # one of the two modules baked
+    assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
+    v1.write_text(v1.read_text() + "\n# sglang-pcie: draft-token-watch\n")
+    assert PATCH.check_source(SourceTree(tmp_path)) == Result(APPLIED, "source carries the sglang-pcie diff")
+    v1.write_text(v1.read_text().replace("\n# sglang-pcie: draft-token-watch\n", ""))
+    v2.write_text(v2_text.replace("    def verify(self, batch", "    async def verify(self, batch"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, f"{V2}: EAGLEWorkerV2.verify is a coroutine function now")
+    v2.write_text(v2_text)
+    info = tmp_path / "sglang/srt/speculative/eagle_info.py"
+    info.write_text(info.read_text().replace("draft_token", "drafted_token"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, "sglang.srt.speculative.eagle_info: EagleVerifyInput no longer has draft_token "
+                                     "(the drafts the watch counts)")
