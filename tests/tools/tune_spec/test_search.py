@@ -340,3 +340,13 @@ def test_settings_round_trip_through_the_state(prove):
     settings = Settings(levels=(1, 32), resolve=0.02, budget_s=600.0, max_steps=7, current="chain-3", prove=prove)
     assert Settings.from_dict(settings.as_dict()) == settings
     assert Step("x").levels == ()
+
+
+def test_a_server_that_would_end_exactly_at_the_budget_starts_and_one_past_it_does_not():
+    found, settings = make_settings(budget_min=10, max_servers=3)
+    assert plan_next(found, [], settings, 540.0, 60.0).candidate == "chain-7"
+    stop = plan_next(found, [], settings, 540.5, 60.0)
+    assert (stop.candidate, stop.why) == (None, "another server (about 1.0 min) would pass the budget of 10 min")
+    three = [{"candidate": n, "ok": True, "levels": {}} for n in ("chain-7", "chain-3", "none")]
+    assert plan_next(found, three[:2], settings, 0.0, 60.0).candidate == "none"
+    assert plan_next(found, three, settings, 0.0, 60.0).why == "the server limit (3) is reached"
