@@ -494,3 +494,43 @@ def test_an_interval_without_two_decode_cycles_in_a_row_leaves_the_sampling_as_i
     stats.wall_cycle_ns = stats.wall_cycles = 0
     profiler._adapt(stats)
     assert profiler.sample_every == ep.SAMPLE_START
+
+
+def timed_decode_cycles(seed, cycles=24, capture_at=(), prefill_after=()):
+    """The interval's decode cycle index of each timed decode cycle, sample_every 8: ``capture_at``, the cycles run
+    inside a CUDA graph capture; ``prefill_after``, the cycles a prefill cycle follows."""
+    clock = GpuTimeline()
+    profiler = ep.Profiler(interval=1000, clock=clock, sample_every=8, seed=seed)
+    ep.set_profiler(profiler)
+    opened, open_slot = [], profiler._open_slot
+
+    def spy(kind):
+        opened.append(profiler.stats.decode_cycles if kind == "decode" else kind)
+        return open_slot(kind)
+    profiler._open_slot = spy
+    worker = Worker()
+    try:
+        for index in range(cycles):
+            clock.is_capturing = index in capture_at
+            worker.forward_batch_generation(batch())
+            clock.is_capturing = False
+            if index in prefill_after:
+                worker.forward_batch_generation(batch("extend"))
+            clock.completed = clock.recorded
+    finally:
+        ep.set_profiler(None)
+    return opened
+
+
+def test_a_missed_sample_slot_is_taken_later_in_the_block_and_only_once():
+    """One decode cycle in each block of 8 at a random offset (seed 5: cycles 4, 13, 16); where that cycle cannot be
+    timed (a CUDA graph capture) a later cycle of its block is, and the next block keeps its own offset."""
+    assert timed_decode_cycles(5) == [4, 13, 16]
+    assert timed_decode_cycles(5, capture_at={4}) == [5, 13, 16]
+    assert timed_decode_cycles(5, capture_at={4, 5, 6, 7}) == [13, 16]  # the block's cycles all missed: none
+    assert timed_decode_cycles(5, capture_at={7}) == [4, 13, 16]
+
+
+def test_a_timed_cycle_a_prefill_follows_is_dropped_and_its_block_times_the_next_decode_cycle():
+    assert timed_decode_cycles(5, prefill_after={4}) == [4, 5, 13, 16]
+    assert timed_decode_cycles(5, prefill_after={5}) == [4, 13, 16]  # an untimed cycle's prefill changes nothing
