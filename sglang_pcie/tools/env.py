@@ -10,7 +10,7 @@ from sglang_pcie.runtime import nccl
 from sglang_pcie.runtime import gpus
 from sglang_pcie.tools.allreduce_report import format_report, report
 from sglang_pcie.tools.command import Command, UsageError
-from sglang_pcie.tools.common import USAGE_ERROR, settings_or_errors
+from sglang_pcie.tools.common import USAGE_ERROR, settings_or_errors, variable_lines
 
 EPILOG = "Exit status: 0, or 2 when a setting (or the tuned file it names) is invalid."
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"would set {key}={value}")
         for key, value in ipc.user_set.items():
             print(f"keeps {key}={value} (set by the user)")
-    for line in format_report(paths):
+    for line in variable_lines() + format_report(paths):
         print(line)
     return USAGE_ERROR if errors else 0
 

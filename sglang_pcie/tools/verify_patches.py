@@ -13,7 +13,7 @@ from sglang_pcie.patching.source import SourceTree, installed_sglang_root
 from sglang_pcie.runtime import nccl
 from sglang_pcie.tools.allreduce_report import format_report, report as allreduce_report
 from sglang_pcie.tools.command import Command, UsageError
-from sglang_pcie.tools.common import USAGE_ERROR, settings_or_errors
+from sglang_pcie.tools.common import USAGE_ERROR, settings_or_errors, variable_lines
 
 STATUS_HELP = {
     "applied": "runtime: in effect in this process (static: the source already carries the sglang-pcie diff)",
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     elsewhere = args.sglang_version is not None or args.sglang_source is not None
     report = build_report(version, mode, rows, decision.as_dict(), str(root),
                           allreduce_report(decision, root, elsewhere=elsewhere))
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    print(json.dumps(report, indent=2) if args.json else format_table(report, variable_lines()))
     return USAGE_ERROR if errors else exit_code(report)
 
 
@@ -134,7 +134,8 @@ def fold(detail: str, keep: int = DETAIL_ITEMS) -> str:
     return f"{head}: {', '.join(items[:keep])} and {len(items) - keep} more (--json lists them all)"
 
 
-def format_table(report: dict) -> str:
+def format_table(report: dict, variables: list[str] = ()) -> str:
+    """The report as text; ``variables`` (the lines of ``common.variable_lines``) go before the all-reduce paths."""
     lines = [f"sglang {report['sglang_version']} ({report['mode']}: {report['source']})"]
     width = max([len(row["id"]) for row in report["patches"]] + [5])
     lines.append(f"{'PATCH':<{width}}  {'STATUS':<14}  DETAIL")
@@ -146,6 +147,7 @@ def format_table(report: dict) -> str:
     if decision.get("user_set"):
         lines.append("  kept as the user set them: "
                      + " ".join(f"{k}={v}" for k, v in decision["user_set"].items()))
+    lines.extend(variables)
     if report.get("allreduce"):
         lines.extend(format_report(report["allreduce"]))
     return "\n".join(lines)

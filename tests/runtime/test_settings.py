@@ -1,10 +1,14 @@
 """Every variable is validated in one place; a bad value is one line naming it, never an exception."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sglang_pcie.patching import register
-from sglang_pcie.runtime.settings import load_settings, unknown_patch_ids
+from sglang_pcie.runtime.settings import (DISABLE_PATCHES_VAR, DISABLE_VAR, IPC_VARS, VARIABLES, Settings,
+                                          load_settings, unknown_patch_ids, variable)
+from support import REPO
 
 
 def test_defaults():
@@ -176,3 +180,83 @@ def test_the_profile_interval_default_is_the_profilers():
     from sglang_pcie.runtime.eagle_profiler import profiler
 
     assert load_settings({}).eagle3_profile_interval == profiler.DEFAULT_INTERVAL == 1000
+
+
+# ------------------------------------------------------------------------------- the one table of variables
+
+NAME = re.compile(r"(?<![\w])(SGLANG_PCIE_[A-Z0-9_]*[A-Z0-9]|EAGLE3_PROFILE[A-Z0-9_]*)\b")
+# Read by the checkout's GPU scripts (benchmarks/*.sh), never by the package: not the overlay's settings.
+SCRIPT_VARIABLES = {"SGLANG_PCIE_WHEELS", "SGLANG_PCIE_FI_WHEELS"}
+
+
+def _names_in(paths) -> dict[str, set]:
+    found = {}
+    for path in paths:
+        for name in NAME.findall(path.read_text()):
+            found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_variable_the_source_names_is_a_row_of_the_table():
+    """Every SGLANG_PCIE_* / EAGLE3_PROFILE* name in the package and the start-up hook (read through os.environ, an
+    environment mapping, or a constant holding it) is declared in VARIABLES."""
+    source = [*sorted((REPO / "sglang_pcie").rglob("*.py")), *sorted((REPO / "sitecustomize").rglob("*.py"))]
+    named = _names_in(source)
+    assert {"SGLANG_PCIE_DISABLE", "SGLANG_PCIE_TUNED_FILE", "SGLANG_PCIE_CACHE", "EAGLE3_PROFILE_FILE"} <= set(named)
+    rows = {v.name for v in VARIABLES}
+    assert {name: where for name, where in named.items() if name not in rows} == {}
+    assert not SCRIPT_VARIABLES & set(named)
+
+
+def test_the_pages_name_no_variable_the_table_lacks():
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", REPO / "ARCHITECTURE.md",
+             REPO / "COMPATIBILITY.md", REPO / "benchmarks" / "README.md"]
+    named = _names_in(pages)
+    rows = {v.name for v in VARIABLES}
+    assert {name: where for name, where in named.items() if name not in rows | SCRIPT_VARIABLES} == {}
+    scripts = _names_in(sorted((REPO / "benchmarks").glob("*.sh")))
+    assert SCRIPT_VARIABLES <= set(scripts)
+
+
+def test_each_row_is_whole_and_named_once():
+    names = [v.name for v in VARIABLES]
+    assert len(names) == len(set(names))
+    for v in VARIABLES:
+        assert v.reads_as and v.owner and v.meaning and "\n" not in v.meaning, v.name
+        assert (v.field is None) == (v.parse is None), v.name
+    assert {v.name for v in VARIABLES} >= set(IPC_VARS) | {DISABLE_VAR, DISABLE_PATCHES_VAR}
+
+
+def test_the_settings_are_made_from_the_rows_with_a_field():
+    """One attribute per parsed row, in the table's order, its default the row's default read by the row's parser."""
+    import dataclasses
+
+    parsed = [v for v in VARIABLES if v.field]
+    assert [f.name for f in dataclasses.fields(Settings)] == [v.field for v in parsed] + ["errors"]
+    s = Settings()
+    assert [getattr(s, v.field) for v in parsed] == [v.parse(v.default) for v in parsed]
+    assert load_settings({}) == s and s.errors == []
+    assert variable("SGLANG_PCIE_NCCL_PROFILE").default == "auto" and s.nccl_profile == "auto"
+
+
+@pytest.mark.parametrize("row", [v for v in VARIABLES if v.invalid], ids=lambda v: v.name)
+def test_every_row_that_can_be_wrong_says_so_in_one_line_and_takes_its_safe_value(row, tmp_path):
+    bad = {"boolean": "maybe", "writable_file": str(tmp_path / "missing" / "f.jsonl")}.get(row.parse.__name__, "x y")
+    s = load_settings({row.name: bad})
+    value, effect = row.invalid
+    assert s.errors == [s.errors[0]] and s.errors[0].startswith(f"{row.name}={bad!r}")
+    assert s.errors[0].endswith(f"; {effect}") and getattr(s, row.field) == value
+
+
+def test_errors_are_listed_in_the_tables_order():
+    s = load_settings({"EAGLE3_PROFILE_INTERVAL": "0", "SGLANG_PCIE_NCCL_PROFILE": "x", "EAGLE3_PROFILE": "x",
+                       "SGLANG_PCIE_STRICT": "x"})
+    assert [e.split("=")[0] for e in s.errors] == ["SGLANG_PCIE_STRICT", "EAGLE3_PROFILE", "SGLANG_PCIE_NCCL_PROFILE",
+                                                  "EAGLE3_PROFILE_INTERVAL"]
+
+
+def test_the_settings_pickle_by_name():
+    import pickle
+
+    s = load_settings({"SGLANG_PCIE_STRICT": "1", "SGLANG_PCIE_DISABLE_PATCHES": "a,b"})
+    assert pickle.loads(pickle.dumps(s)) == s and type(s).__module__ == "sglang_pcie.runtime.settings"

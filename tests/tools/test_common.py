@@ -43,3 +43,20 @@ def test_settings_or_errors_prints_each_error_as_a_usage_error_line(capsys, monk
 def test_settings_or_errors_without_errors_says_nothing(capsys, monkeypatch, value):
     monkeypatch.setenv("SGLANG_PCIE_DISABLE_PATCHES", value)
     assert settings_or_errors()[1] == [] and capsys.readouterr().err == ""
+
+
+def test_variable_lines_list_every_row_with_its_value_here_or_its_default_and_its_owner():
+    from sglang_pcie.runtime.settings import VARIABLES
+    from sglang_pcie.tools.common import variable_lines
+
+    lines = variable_lines({"SGLANG_PCIE_NCCL_PROFILE": "pcie", "EAGLE3_PROFILE": "\udcff"})
+    assert lines[0].startswith("Variables (") and len(lines) == 1 + len(VARIABLES)
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert list(rows) == [v.name for v in VARIABLES]
+    assert rows["SGLANG_PCIE_NCCL_PROFILE"].split()[1] == "'pcie'"  # as set here, quoted
+    assert rows["EAGLE3_PROFILE"].split()[1] == "b'\\xff'"  # bytes that are not UTF-8, as bytes
+    assert rows["EAGLE3_PROFILE_INTERVAL"].split()[1:3] == ["1000", "(default)"]
+    assert rows["EAGLE3_PROFILE_FILE"].split()[1] == "unset"
+    for v in VARIABLES:
+        assert rows[v.name].endswith(f"  {v.owner}")
+    assert len({line.index(v.owner) for line, v in zip(lines[1:], VARIABLES) if len(line) < 100}) == 1  # one column

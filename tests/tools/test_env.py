@@ -127,3 +127,15 @@ def test_an_invalid_profile_is_named_invalid_and_exits_2(capsys, monkeypatch):
     code, out, err = run_cli(capsys, "env")
     assert code == 2 and out.startswith("SGLANG_PCIE_NCCL_PROFILE: invalid -> profile ")
     assert "SGLANG_PCIE_NCCL_PROFILE='bogus'" in err
+
+
+def test_the_variables_are_listed_before_the_all_reduce_paths(capsys, monkeypatch):
+    from sglang_pcie.tools.common import variable_lines
+
+    monkeypatch.setenv("SGLANG_PCIE_NCCL_PROFILE", "off")
+    code, out, _ = run_cli(capsys, "env")
+    lines = out.splitlines()
+    table = variable_lines()
+    start = lines.index(table[0])
+    assert code == 0 and lines[start:start + len(table)] == table and "'off'" in lines[start + 6]
+    assert lines[start + len(table)].startswith("All-reduce paths")

@@ -211,6 +211,19 @@ def test_the_table_lines_up_its_columns_and_says_what_nccl_gets_and_keeps():
                                                      "NCCL profile: none (off); nothing set"]
 
 
+def test_the_variables_table_goes_after_the_nccl_profile_and_before_the_all_reduce_paths(monkeypatch):
+    from sglang_pcie.tools import allreduce_report
+    from sglang_pcie.tools.verify_patches import format_table
+
+    monkeypatch.setattr(allreduce_report, "format_report", lambda paths: ["All-reduce paths", "  a server ..."])
+    monkeypatch.setattr("sglang_pcie.tools.verify_patches.format_report", allreduce_report.format_report)
+    report = {"sglang_version": "0.5.23", "mode": "static", "source": "/src",
+              "patches": [{"id": "ab", "status": "error", "detail": "x"}], "nccl": {"profile": "none", "reason": "off"},
+              "allreduce": {"paths": []}}
+    assert format_table(report, ["Variables", "  ROW"]).splitlines()[3:] == [
+        "NCCL profile: none (off); nothing set", "Variables", "  ROW", "All-reduce paths", "  a server ..."]
+
+
 @pytest.mark.parametrize("statuses, code", [(["applied", "applicable", "upstream", "not-applicable", "disabled"], 0),
                                             (["applied", "drifted"], 1), (["error"], 1)])
 def test_the_exit_status_is_1_exactly_when_a_patch_is_drifted_or_error(statuses, code):
