@@ -2,9 +2,10 @@
 
 * With a proof (the tuned table, SGLang's own table and the best fixed setting, in counterbalanced repeats): each
   pair of members is compared at every level the proof measured (bench's rule at 95%: an effect only where the
-  interval of the pairs' ratios clears the noise band). A member resolved lower than another at any level is out;
-  of the rest, the one resolved higher at the most levels; at a tie the simplest (a fixed chain or none, then
-  SGLang's own table, then the tuned table): a table that resolves nothing over a fixed chain is not worth its file.
+  interval of the pairs' ratios clears the noise band). The pick starts at the simplest member (the best fixed
+  setting), then SGLang's own table, then the tuned table: a less simple member replaces the pick only where it
+  was resolved higher than the pick at some level and lower than no member at any level. A table that resolves
+  nothing over a fixed chain is not worth its file.
 * Without a proof (a release without tables by batch size, ``--prove 0``, or a budget that left no room): the
   measured candidate whose figures, each as a share of the best measured at its level, have the highest geometric
   mean; on one level, that level's answer (which keeps the user's setting where it is within ``resolve`` of the best).

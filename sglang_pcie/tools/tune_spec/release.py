@@ -3,7 +3,8 @@ which form, read from its source (``SourceTree``: nothing is imported).
 
 * 0.5.8 - 0.5.10.post1: no adaptive steps.
 * 0.5.11 - 0.5.12.post1: ``--speculative-adaptive`` with one global EMA over ``candidate_steps`` (no table by
-  batch size); only the v1 worker has it, so SGLang switches it off unless ``--disable-overlap-schedule``.
+  batch size). In 0.5.11 only the v1 worker has it, so SGLang switches it off unless
+  ``--disable-overlap-schedule`` (read from the release's source, not assumed).
 * 0.5.13 and later: a table keyed by batch size (``DEFAULT_ADAPTIVE_CONFIG`` in
   ``speculative/adaptive_spec_params.py``, replaced by ``--speculative-adaptive-config FILE``): a batch is padded
   to a CUDA-graph batch size, then served by the bucket with the largest key not above it. 0.5.13 and 0.5.13.post1
