@@ -287,3 +287,58 @@ def test_a_reader_that_left_ends_the_command_with_141_and_no_traceback():
     finally:
         os.close(write_end)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The table of commands: data, each module imported only when its command runs or its own --help is asked.
+
+
+def test_the_tables_help_lines_and_order_are_each_modules_own():
+    import importlib
+
+    from sglang_pcie.tools import cli
+
+    loaded = [importlib.import_module(entry.module).COMMAND for entry in cli.COMMANDS]
+    assert [(c.name, c.help) for c in loaded] == [(e.name, e.help) for e in cli.COMMANDS]
+    assert [c.name for c in loaded] == [e.name for e in cli.COMMANDS] and len(loaded) >= 10
+
+
+def _command_modules_imported(*argv):
+    """(exit status, the table's modules a fresh ``sglang-pcie ARGV`` imported, how many sglang_pcie modules)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    code = ("import json, sys\nfrom sglang_pcie.tools import cli\nstatus = cli.main(sys.argv[1:])\n"
+            "own = [m for m in sys.modules if m.startswith('sglang_pcie')]\n"
+            "print(json.dumps([status, [e.module for e in cli.COMMANDS if e.module in sys.modules], len(own)]),"
+            " file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_PCIE_")} | {"COLUMNS": "400"})
+    return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
+
+
+def test_top_level_help_imports_no_command_module_and_lists_the_table():
+    from sglang_pcie.tools import cli
+
+    (status, imported, own), out = _command_modules_imported("--help")
+    assert (status, imported) == (0, []) and own <= 5
+    listed = [line.split(None, 1) for line in out.splitlines() if line.startswith("    ")]  # one line each (COLUMNS)
+    assert listed == [[entry.name, entry.help] for entry in cli.COMMANDS]
+
+
+def test_a_commands_own_help_imports_only_its_module():
+    (status, imported, _), out = _command_modules_imported("env", "--help")
+    assert (status, imported) == (0, ["sglang_pcie.tools.env"]) and "--nnodes N" in out
+    (status, imported, _), _ = _command_modules_imported("nope")
+    assert (status, imported) == (2, [])
+
+
+def test_the_command_named_is_the_first_word_that_is_not_an_option():
+    from sglang_pcie.tools.cli import named
+
+    assert named(["--version"]) is None and named([]) is None
+    assert named(["env", "--json"]) == "env" and named(["-h", "bench", "x"]) == "bench"
