@@ -35,12 +35,13 @@ def settings_or_errors():
 
 def variable_lines(environ=None) -> list[str]:
     """The table of every variable sglang-pcie reads (``runtime.settings.VARIABLES``): its name, its value here (as
-    set, quoted) or its default ("unset" where none), and its owner (the patch or part that reads it); ``env`` and ``verify-patches``
-    print it."""
+    set, quoted) or its default ("unset" where none), and its owner (the patch or part that reads it); ``env`` and
+    ``verify-patches`` print it."""
     from sglang_pcie.runtime.settings import VARIABLES, shown
 
     env = os.environ if environ is None else environ
-    values = [shown(env[v.name]) if v.name in env else (f"{v.default} (default)" if v.default else "unset") for v in VARIABLES]
+    values = [shown(env[v.name]) if v.name in env else (f"{v.default} (default)" if v.default else "unset")
+              for v in VARIABLES]
     name_w = max(len(v.name) for v in VARIABLES)
     value_w = min(max(map(len, values)), VALUE_COLUMN)
     lines = ["Variables (the value here, else the default; the part that reads it):"]
