@@ -112,12 +112,78 @@ def install_wheel(python: Path, wheel: Path) -> None:
         pytest.fail(f"installing {wheel.name} into {python} failed\n{output_tails(proc)}", pytrace=False)
 
 
+# The ``unit`` tier (`pytest -m unit -n 2`, README): fast modules of the core logic, chosen by measured duration;
+# their tests that need a release tree, a real SGLang install or a built wheel (RELEASE_FIXTURES) are left out, and a
+# unit test that would fetch a release fails (``no_release_fetch``).
+UNIT_MODULES = (
+    "test_ci.py", "test_docs.py", "test_layout.py", "test_support.py",
+    "patching/test_code_swap.py", "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
+    "patching/test_pages.py", "patching/test_register.py", "patching/test_sm120_inserted.py",
+    "patching/test_verify.py", "patching/test_wrapping.py",
+    "runtime/test_accept_alarm.py", "runtime/test_activate.py", "runtime/test_agreement.py",
+    "runtime/test_allreduce.py", "runtime/test_baked.py", "runtime/test_bounded_read.py", "runtime/test_launch.py",
+    "runtime/test_nccl.py", "runtime/test_patch_table.py", "runtime/test_settings.py", "runtime/test_sm120_fusion.py",
+    "runtime/test_tuned_file.py",
+    "runtime/eagle_profiler/test_eagle_profiler.py", "runtime/eagle_profiler/test_eagle_profiler_clocks.py",
+    "runtime/eagle_profiler/test_eagle_profiler_process.py", "runtime/eagle_profiler/test_eagle_profiler_ranks.py",
+    "runtime/eagle_profiler/test_eagle_profiler_records.py", "runtime/eagle_profiler/test_eagle_profiler_slots.py",
+    "runtime/eagle_profiler/test_profiler_accept_hist.py", "runtime/eagle_profiler/test_profiler_busy.py",
+    "runtime/eagle_profiler/test_profiler_cycles.py",
+    "tools/test_allreduce_report.py", "tools/test_cli.py", "tools/test_common.py", "tools/test_env.py",
+    "tools/test_processes.py", "tools/test_profile_report.py", "tools/test_safetensors_io.py",
+    "tools/bench/test_command.py", "tools/bench/test_plan.py", "tools/bench/test_report.py",
+    "tools/check_drafter/test_check_drafter_checkpoint.py",
+    "tools/doctor/test_doctor.py", "tools/doctor/test_doctor_host.py", "tools/doctor/test_doctor_p2p.py",
+    "tools/doctor/test_doctor_parsers.py", "tools/doctor/test_doctor_world.py",
+    "tools/make_test_models/test_bf16.py", "tools/make_test_models/test_shape.py",
+    "tools/tune_nccl/test_ipc.py", "tools/tune_nccl/test_nodes.py", "tools/tune_nccl/test_rendezvous.py",
+    "tools/tune_nccl/test_tune_nccl_launch.py", "tools/tune_nccl/test_tune_nccl_report.py",
+    "tools/tune_nccl/test_verdict.py",
+)
+RELEASE_FIXTURES = {"sglang_env", "torch_python", "pristine_source", "checkout_wheel"}
+NOT_UNIT = {  # tests of UNIT_MODULES left out, and why (their durations measured with --durations=0)
+    "tools/test_cli.py::test_a_tuned_file_that_is_a_fifo_is_one_error_line_not_a_hang_or_a_traceback[command2]":
+        "fetches release 0.5.23",
+    "tools/doctor/test_doctor_world.py::test_a_command_past_its_bound_is_killed_with_its_children_and_its_output_kept":
+        "3 s: waits out a bound",
+    "tools/bench/test_command.py::test_where_sglang_imports_the_servers_start": "2 s: starts servers",
+    "tools/bench/test_command.py::test_another_server_command_is_not_checked": "1.3 s: starts a server",
+    "tools/bench/test_report.py::test_chart_when_matplotlib_is_importable": "1.2 s: imports matplotlib",
+    "tools/tune_nccl/test_rendezvous.py::test_a_failure_is_said_at_once_and_every_other_rank_names_it": "1 s: waits",
+}
+TESTS = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(items):
     """Every test that runs code in a real SGLang install (``sglang_env``, or its python: ``torch_python``) is
-    marked ``release``: ``pytest -m "not release"`` is the loop without them; CI runs everything."""
+    marked ``release``: ``pytest -m "not release"`` is the loop without them; CI runs everything. The tests of
+    UNIT_MODULES that need none of RELEASE_FIXTURES are marked ``unit``."""
+    missing = [name for name in UNIT_MODULES if not (TESTS / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py's UNIT_MODULES names no test module: {', '.join(missing)}")
+    unit = {TESTS / name for name in UNIT_MODULES}
     for item in items:
-        if {"sglang_env", "torch_python"} & set(getattr(item, "fixturenames", ())):  # torch_python: 0.5.9's python
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if {"sglang_env", "torch_python"} & fixtures:  # torch_python: 0.5.9's python
             item.add_marker(pytest.mark.release)
+        elif (item.path in unit and not RELEASE_FIXTURES & fixtures and not item.get_closest_marker("slow")
+              and f"{item.path.relative_to(TESTS).as_posix()}::{item.name}" not in NOT_UNIT):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def no_release_fetch(request, monkeypatch):
+    """A unit test fetches no SGLang release (nor lists them): doing so fails it, naming the test's tier."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    from sglang_pcie.patching import releases
+
+    def refused(version, *args, **kwargs):
+        releases.release_version(version)  # a version that is no version is still the usage error it was
+        raise pytest.fail(f"a unit-tier test fetches no SGLang release (asked for {version!r})", pytrace=False)
+
+    monkeypatch.setattr(releases, "fetch_source", refused)
+    monkeypatch.setattr(releases, "list_releases", lambda *a, **k: pytest.fail("a unit-tier test lists no releases"))
 
 
 @pytest.fixture(autouse=True)

@@ -66,3 +66,20 @@ def test_readmes_fast_loop_set_up_is_the_one_measured_and_its_figures_are_the_ra
     assert f"{tests:,} tests in {int(cold[2])} min {int(cold[3])} s that first time" in text
     assert f"{int(warm[2])} min {int(warm[3])} s once the wheels are cached" in text
     assert install.splitlines()[1].startswith("  exit 0,")  # the set-up worked
+
+
+def test_readmes_unit_tier_is_the_command_timed_and_its_figures_are_the_raw_files():
+    """README's unit tier: the command, and the test count and wall times of the raw file that timed that command."""
+    readme = (REPO / "README.md").read_text()
+    command = ".venv/bin/python -m pytest -m unit -n 2"
+    assert f"```bash\n{command}\n```" in readme
+    raw = (REPO / "benchmarks/results/2026-12-05-cpu/unit-tier.txt").read_text()
+    assert f"# command: time {command} -q\n" in raw
+    counts = {int(n) for n in re.findall(r"^(\d+) passed", raw, re.M)}
+    walls = [int(m) * 60 + float(s) for m, s in re.findall(r"^real\s+(\d+)m([\d.]+)s", raw, re.M)]
+    loads = [float(x) for x in re.findall(r"load average before: ([\d.]+)", raw)]
+    assert len(counts) == 1 and len(walls) == 3 and "failed" not in raw
+    text = " ".join(readme.split())
+    assert f"{counts.pop():,} tests in {round(min(walls))}-{round(max(walls))} s" in text and max(walls) < 30
+    assert f"load average {min(loads):.1f}-{max(loads):.1f})" in text
+    assert "`benchmarks/results/2026-12-05-cpu/unit-tier.txt`" in text
