@@ -91,3 +91,15 @@ def test_the_install_hands_its_settings_to_the_registers_payload(monkeypatch):
         (original, args, settings)) or "wrapped")
     settings = load_settings({})
     assert Recording().wrapper(settings, "extra")(len) == "wrapped" and calls == [(len, ("extra",), settings)]
+
+
+@pytest.mark.parametrize("releases, bounds", [(">=0.5.8,<=0.5.23", ("0.5.8", "0.5.23")),
+                                              (">=0.5.8,>=0.5.10,<=0.5.23,<=0.5.20", ("0.5.10", "0.5.20")),
+                                              ("==0.5.9", ("0.5.9", "0.5.9"))])
+def test_release_bounds_are_the_narrowest_first_and_last_named(releases, bounds):
+    assert engine.release_bounds(types.SimpleNamespace(id="p", releases=releases)) == bounds
+
+
+def test_release_bounds_refuse_a_specifier_without_a_first_or_last_release():
+    with pytest.raises(ValueError, match=r"^p: releases '>=0.5.8' does not name its first and last release$"):
+        engine.release_bounds(types.SimpleNamespace(id="p", releases=">=0.5.8"))

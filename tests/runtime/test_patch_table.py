@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from sglang_pcie.patching import register
 from sglang_pcie.runtime import baked, patch_table
 
@@ -40,3 +42,15 @@ def test_a_list_naming_an_id_that_is_no_patch_switches_every_patch_off_never_hal
     # the kill switch still says what it is first
     off = load_settings({"SGLANG_PCIE_DISABLE": "1", "SGLANG_PCIE_DISABLE_PATCHES": "no-such-patch"})
     assert patch_table.disabled_reason(patch_table.TABLE[0], off) == "SGLANG_PCIE_DISABLE is set"
+
+
+def test_every_patch_id_alone_is_a_known_id_that_switches_off_that_patch_only():
+    from sglang_pcie.runtime.settings import load_settings
+
+    for patch_id in patch_table.ids():
+        settings = load_settings({"SGLANG_PCIE_DISABLE_PATCHES": patch_id})
+        assert patch_table.unknown_ids(settings) == [], patch_id
+        assert patch_table.disabled_reason(patch_table.row(patch_id), settings) == patch_table.DISABLE_PATCHES_REASON
+    assert patch_table.row("draft-token-watch").id == "draft-token-watch"
+    with pytest.raises(KeyError):
+        patch_table.row("no-such-patch")
