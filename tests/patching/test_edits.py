@@ -41,3 +41,17 @@ def test_new_definitions_go_above_the_first_definitions_decorators_and_comments(
     text = "import x\n\nY = 1\n# about f\n# more\n@dec\ndef f():\n    pass\n"
     edits = SourceEdits(text)
     assert edits.first_definition_line(ast.parse(text)) == 4
+
+
+def test_lines_inserted_before_a_blank_line_are_not_indented_and_blank_lines_are_not_indented_by_a_block():
+    edits = SourceEdits("def f():\n    x = 1\n    \n    return x\n")
+    edits.insert_lines(3, "y = 2\n")  # before a line of spaces only: no indent taken from it
+    assert edits.text() == "def f():\n    x = 1\ny = 2\n    \n    return x\n"
+    edits = SourceEdits("if a:\n    b()\n\n    c()\n")
+    edits.indent(2, 4)
+    assert edits.text() == "if a:\n        b()\n\n        c()\n"
+
+
+def test_a_comment_on_the_first_line_goes_with_the_definition_below_it():
+    text = "# about f\ndef f():\n    pass\n"
+    assert SourceEdits(text).first_definition_line(ast.parse(text)) == 1
