@@ -96,3 +96,15 @@ def test_the_tuned_file_reader_names_the_file_and_the_reason(tmp_path):
     assert tuned.error == (f"SGLANG_PCIE_TUNED_FILE={str(fifo)!r}: tuned NCCL file {fifo} is a FIFO, not a regular"
                            " file; nothing applied from it")
     assert json.dumps(tuned.error)  # one printable line
+
+
+def test_the_caps_are_inclusive_and_a_file_that_grows_past_the_size_cap_while_read_is_refused(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_text("[[1]]")  # 5 bytes, nesting 2
+    assert read_json(path, max_bytes=5, max_depth=2) == [[1]]
+    assert reason(path, max_bytes=4) == "is 5 bytes, more than the 4 read from such a file"
+    assert reason(path, max_depth=1) == "nests 2 levels deep (at most 1)"
+    # a regular file whose size says 0 but that reads longer (as /proc's do): the cap holds while reading
+    assert os.stat("/proc/self/status").st_size == 0
+    with pytest.raises(Unreadable, match=r"^is more than the 10 bytes read from such a file$"):
+        bounded_read.read_text("/proc/self/status", max_bytes=10)

@@ -154,3 +154,17 @@ def test_tokens_count_only_for_a_batch_with_a_token_count():
 def test_a_record_is_strict_json_and_an_empty_histogram_reads_as_a_dash():
     assert records.to_json({"x": float("nan"), "y": [float("inf"), 1.0]}) == '{"x": null, "y": [null, 1.0]}'
     assert records._hist_text([]) == "-" and records._hist_text(None) == "-" and records._hist_text([2, 1]) == "2,1"
+
+
+def test_tokens_known_for_some_decode_cycles_only_are_not_exact_and_served_tokens_are_estimated():
+    stats = ep.IntervalStats()
+    stats.decode_cycles, stats.requests_all = 3, 12  # three decode cycles of 4 requests; tokens known for two
+    stats.add_tokens(4, 10)
+    stats.add_tokens(4, 6)
+    stats.wall_start, stats.wall_end = 0, 2_000_000_000  # 2 s
+    record = stats.record()
+    assert record["accept_length"] == 2.0 and record["accept_length_exact"] is False
+    assert record["tokens_per_s_served"] == 2.0 * 12 / 2  # the accept length x every decode cycle's requests
+    stats.add_tokens(4, 8)
+    record = stats.record()
+    assert record["accept_length_exact"] is True and record["tokens_per_s_served"] == 24 / 2  # counted
