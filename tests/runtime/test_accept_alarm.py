@@ -293,3 +293,43 @@ def test_a_component_without_server_args_reads_sglangs_process_wide_record(monke
     watch = aa.AcceptWatch()
     feed(watch, component, [(40, 0)])
     assert watch.state == aa.OFF  # no EAGLE run it can tell: off, as without SGLang's server args
+
+
+class Gauges:
+    def __init__(self):
+        self.calls = []
+
+    def set_accept_length(self, value):
+        self.calls.append(("accept_length", value))
+
+    def set_alarm(self, value):
+        self.calls.append(("alarm", value))
+
+
+def test_recovery_at_exactly_the_recovered_line_ends_the_checks_and_the_gauges_move_only_on_change(manager):
+    watch = aa.AcceptWatch(min_verifies=10, min_requests=1, alarm_below=1.1, recovered_at=1.5)
+    watch.metrics = gauges = Gauges()
+    feed(watch, manager, [(10, 0)])  # accept length 1.00: the alarm
+    assert watch.state == aa.ALARMED and (watch.verifies, watch.requests) == (0, 0)  # counted afresh from here
+    feed(watch, manager, [(10, 4)])  # 1.40: still below the recovered line
+    assert watch.state == aa.ALARMED
+    feed(watch, manager, [(10, 6)])  # 1 + 10/20 = 1.50, exactly the line: recovered
+    assert watch.state == aa.DONE and watch.lines[-1].startswith(f"{aa.LOG_PREFIX}: recovered: EAGLE3 drafter")
+    assert gauges.calls == [("accept_length", 1.0), ("alarm", 1), ("accept_length", 1.4), ("accept_length", 1.5),
+                            ("alarm", 0)]
+    watch = aa.AcceptWatch(min_verifies=10, min_requests=1)
+    watch.metrics = gauges = Gauges()
+    feed(watch, manager, [(10, 20), (10, 20), (10, 21)])  # 3.00, 3.00, 3.03
+    assert gauges.calls == [("accept_length", 3.0), ("accept_length", 3.03)]  # written only when it changes
+
+
+def test_a_request_past_the_end_of_either_list_is_skipped_not_an_error(manager):
+    watch = aa.AcceptWatch(min_verifies=10, min_requests=1)
+    watch.add(manager, ns(spec_verify_ct=[5, 5], spec_num_correct_drafts=[1]), 1, MODULE)
+    watch.add(manager, ns(spec_verify_ct=[5], spec_num_correct_drafts=[1, 1]), 1, MODULE)
+    assert watch.state == aa.WATCHING and watch.lines == [] and watch.requests == 0
+
+
+@pytest.mark.parametrize("steps", [0, -2, None, "3"])
+def test_the_working_floor_of_steps_that_are_not_a_positive_count_is_one_steps(steps):
+    assert aa.working_floor(steps) == aa.working_floor(1) == pytest.approx(1 + aa.WORKING_FIRST_DRAFT)
