@@ -244,3 +244,76 @@ def test_a_config_folder_that_cannot_be_entered_does_not_break_the_decision(monk
     monkeypatch.setattr(Path, "exists", refuse)
     decision = nccl.decide("auto", {}, probe=lambda: gpus.Topology(["NVIDIA L40S"] * 2, False, True, "nvml", ""))
     assert decision.profile == "none" and decision.values == {}
+
+
+TWO_PCIE = Topology(["NVIDIA L40S"] * 2, nvlink=False, p2p=True, source="nvml")
+TWO_NODES = dict(NO_TUNED, SGLANG_PCIE_NNODES="2")
+
+
+def test_two_gpus_without_nvlink_get_the_advice_and_an_unusable_tuned_file_is_named_in_the_reason(tmp_path):
+    decision = decide("auto", NO_TUNED, probe=lambda: TWO_PCIE)
+    assert decision.advice == nccl.TUNE_ADVICE.format(count=2)
+    assert decision.reason == ("auto: no tune-nccl result for these 2 GPUs (no NVLink between them, peer-to-peer yes):"
+                               " NCCL defaults kept")
+    broken = tmp_path / "tuned.json"
+    broken.write_text("{not json")
+    decision = decide("auto", {"SGLANG_PCIE_TUNED_FILE": str(broken)}, probe=lambda: TWO_PCIE)
+    assert decision.reason.startswith("auto: no tune-nccl result for these 2 GPUs")
+    assert f"NCCL defaults kept; auto: tuned NCCL file {broken} is not valid JSON" in decision.reason
+    assert decision.file_error is not None
+
+
+@pytest.mark.parametrize("requested, reason", [("off", "SGLANG_PCIE_NCCL_PROFILE=off"),
+                                               (None, "SGLANG_PCIE_NCCL_PROFILE is invalid: nothing applied")])
+def test_off_and_invalid_across_nodes_keep_their_reason_and_say_nothing(requested, reason):
+    decision = decide(requested, TWO_NODES, probe=lambda: TWO_PCIE)
+    assert decision.reason == reason and decision.advice is None and decision.launch.nodes == 2
+
+
+def test_across_nodes_an_unusable_tuned_file_is_named_after_why_and_the_advice_asks_for_the_same_settings(tmp_path):
+    broken = tmp_path / "tuned.json"
+    broken.write_text("{not json")
+    decision = decide("tuned", dict(SGLANG_PCIE_TUNED_FILE=str(broken), SGLANG_PCIE_NNODES="2"),
+                      probe=lambda: TWO_PCIE)
+    why = ("tuned: a launch over 2 nodes (SGLANG_PCIE_NNODES=2, from the launcher): no tune-nccl result measured"
+           " across 2 nodes here")
+    assert decision.reason.startswith(why)
+    assert f"stays off (SGLANG_PCIE_NCCL_PROFILE=tuned: tuned NCCL file {broken} is not valid JSON" in decision.reason
+    assert decision.advice.startswith(why) and decision.advice.endswith(
+        "stays off; every node must run the same NCCL settings (sglang-pcie compares them when the server starts)")
+    plain = decide("auto", TWO_NODES, probe=lambda: TWO_PCIE)
+    assert plain.reason.endswith("the PCIe-IPC all-reduce (single-node) stays off")
+
+
+def test_an_ipc_variable_the_user_set_is_reported_even_with_the_profile_off():
+    decision = decide("off", dict(NO_TUNED, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1"), probe=lambda: TWO_PCIE)
+    assert decision.ipc is not None and decision.ipc.on is True and decision.ipc.values == {}
+    assert decision.ipc.user_set == {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}
+    assert decide("off", NO_TUNED, probe=lambda: TWO_PCIE).ipc is None
+
+
+def test_apply_for_process_writes_the_ipc_values_the_node_count_only_across_nodes_and_a_launch_problem(
+        monkeypatch, capsys):
+    from sglang_pcie.runtime import allreduce, launch
+
+    ipc = allreduce.IpcDecision({"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1", "SGLANG_PCIE_IPC_MAX_NUMEL": "4096"}, {},
+                                "measured", True)
+    monkeypatch.setattr(allreduce, "decide_ipc", lambda *args, **kwargs: ipc)
+    env = dict(NO_TUNED, SGLANG_PCIE_IPC_MAX_NUMEL="1")  # a user IPC variable: the IPC decision is taken
+    apply_for_process(load_settings({"SGLANG_PCIE_NCCL_PROFILE": "off"}), env)
+    assert env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and env["SGLANG_PCIE_IPC_MAX_NUMEL"] == "4096"
+    assert launch.NODES_VAR not in env
+    monkeypatch.setattr(launch, "detect", lambda argv, environ: launch.Launch(3, "--nnodes 3", 0))
+    env = dict(NO_TUNED)
+    apply_for_process(load_settings({"SGLANG_PCIE_NCCL_PROFILE": "off"}), env)
+    assert env[launch.NODES_VAR] == "3"
+    capsys.readouterr()
+    monkeypatch.setattr(launch, "detect", lambda argv, environ: launch.Launch(1, "one node", None, "config unreadable"))
+    apply_for_process(load_settings({"SGLANG_PCIE_NCCL_PROFILE": "off"}), dict(NO_TUNED))
+    assert capsys.readouterr().err == "sglang-pcie: config unreadable\n"
+
+
+def test_a_folder_where_the_tuned_file_should_be_is_named_in_the_reason(tmp_path):
+    decision = decide("auto", {"SGLANG_PCIE_TUNED_FILE": str(tmp_path)}, probe=lambda: TWO_PCIE)
+    assert decision.reason.endswith(f"NCCL defaults kept; auto: tuned NCCL file {tmp_path} is a folder, not a regular"
+                                    " file")
