@@ -4,12 +4,14 @@ stopped run resumes where it was (``--resume``) and the tests drive it with a fa
 Every server measures every concurrency level. In order:
 
 1. Model: the deepest chain and a second chain (the user's own where it is a chain, else about half as deep)
-   (profiled with ``--profile``), no speculation, and what the model cannot predict: the user's setting where it
-   is no chain, a table the user gave, and SGLang's adaptive steps where no proof will measure them. A server that
-   fails takes its candidate out (named); the model then takes the next chain.
+   (profiled with ``--profile``) and no speculation. A server that fails takes its candidate out (named); the
+   model then takes the next chain.
 2. Leaders: at each level, the candidate ranked first (measured median where measured, else the model's
    prediction) is measured while it is unmeasured, and so is one predicted within ``resolve`` of the best
-   measured figure. The model only chooses what to measure: the answer is always a measured candidate.
+   measured figure. The model only chooses what to measure: the answer is always a measured candidate. Then what
+   the model cannot predict: the user's setting where it is no chain, a table the user gave, and SGLang's adaptive
+   steps where no proof will measure them (after the leaders, so that a tight budget or ``--max-servers`` goes to
+   the predicted leaders first).
 3. Proof, where the release runs adaptive steps from a table by batch size: the table for this box (table.py,
    from the servers of steps 1-2 only, so it stays the same while it is proven), SGLang's own table and the best
    fixed setting, in counterbalanced repeats (T D F, F D T, ...), each repeat started only where all of it fits
@@ -119,12 +121,18 @@ def model_targets(candidates: list, servers: list[dict], settings: Settings) -> 
         half = sorted(rest, key=lambda c: (abs(c.steps - (deepest.steps + 1) // 2), c.steps))
         if mine or half:
             targets.append((mine or half)[0].name)
-    unpredicted = [c.name for c in candidates if c.kind in ("current", "table")
-                   or c.kind == "adaptive" and not proof_possible(settings)]
-    for name in [NONE, settings.current, *unpredicted]:
+    for name in [NONE, settings.current, *unpredicted_targets(candidates, settings)]:
         if any(c.name == name for c in candidates) and name not in out and name not in targets:
             targets.append(name)
     return targets
+
+
+def unpredicted_targets(candidates: list, settings: Settings) -> list[str]:
+    """The model's targets it cannot predict (the user's setting where it is no chain, a given table, SGLang's
+    adaptive steps where no proof measures them): measured after the leaders, so that a tight budget or
+    ``--max-servers`` goes to the predicted leaders first."""
+    return [c.name for c in candidates if c.kind in ("current", "table")
+            or c.kind == "adaptive" and not proof_possible(settings)]
 
 
 def estimates(candidates: list, servers: list[dict], level: int, model: Model) -> dict:
@@ -314,8 +322,10 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
             return Step(order[len(run)], role="sweep", levels=settings.levels,
                         why=f"sweep, {len(run) + 1} of {len(order)}")
         return Step(None, why=f"the sweep is complete ({len(order)} servers)")
-    for position, name in enumerate(model_targets(candidates, run, settings)):
-        if not ok_servers(run, name):
+    targets = model_targets(candidates, run, settings)
+    later = set(unpredicted_targets(candidates, settings))
+    for position, name in enumerate(targets):
+        if name not in later and not ok_servers(run, name):
             return Step(name, profiled=settings.profile and position < 2 and name.startswith("chain-"),
                         why="the model needs it", role="model", levels=settings.levels)
     fitted = models(run, settings.levels)
@@ -324,6 +334,9 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
         if name is not None:
             return Step(name, role="leader", levels=settings.levels,
                         why=f"predicted to lead {level_name(level)}; the answer must be measured")
+    for name in targets:
+        if name in later and not ok_servers(run, name):
+            return Step(name, why="the model cannot predict it", role="model", levels=settings.levels)
     proof = plan_proof(candidates, run, settings)
     step = _proof_step(proof, run, settings, elapsed_s, mean_server_s) if proof else None
     if step is not None:

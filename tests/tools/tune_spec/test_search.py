@@ -256,6 +256,21 @@ def test_model_targets_skip_failed_and_add_the_users_tree():
     assert model_targets(found, failed, settings)[0] == "chain-6"
 
 
+def test_a_tight_server_limit_goes_to_the_predicted_leader_before_what_the_model_cannot_predict(tmp_path):
+    """SGLang's adaptive steps (no proof: --prove 0) cannot be predicted: they are measured after the leader, so
+    that --max-servers 4 measures the predicted leader (chain-4, slow on the server) and not adaptive."""
+    server = CostModelServer(noise=0.0)
+    server.overrides = {"chain-4": {32: 0.9 * server.fixed_truth(4, 32)}}
+    found, settings, state = tune_with(server, tmp_path / "four", max_servers=4, levels=(32,), facts=FACTS_0_5_16,
+                                       prove=0)
+    assert [(s["candidate"], s["role"]) for s in state["servers"]] == [
+        ("chain-7", "model"), ("chain-3", "model"), ("none", "model"), ("chain-4", "leader")]
+    found, settings, state = tune_with(CostModelServer(noise=0.0), tmp_path / "five", max_servers=5, levels=(32,),
+                                       facts=FACTS_0_5_16, prove=0)
+    assert [(s["candidate"], s["role"]) for s in state["servers"]][3:] == [("chain-4", "leader"),
+                                                                           ("adaptive", "model")]
+
+
 def test_sglangs_adaptive_steps_are_a_model_target_only_where_no_proof_measures_them():
     found, settings = make_settings(facts=FACTS_0_5_16, prove=0)
     assert "adaptive" in model_targets(found, [], settings)
