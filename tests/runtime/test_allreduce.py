@@ -100,6 +100,29 @@ def test_custom_all_reduce_eligibility_follows_sglangs_rule(topology, eligible):
     assert allreduce_paths.custom_allreduce(topology)[0] is eligible
 
 
+def test_custom_all_reduce_says_why_in_words():
+    one = Topology(["NVIDIA H200"], nvlink=None, p2p=None, source="nvml")
+    assert allreduce_paths.custom_allreduce(one) == (False, "no all-reduce with one GPU")
+    assert allreduce_paths.custom_allreduce(PCIE2_P2P) == (
+        True, "2 GPUs, peer-to-peer over PCIe (2 GPUs): SGLang runs it first for reductions up to 8 MiB")
+    assert allreduce_paths.custom_allreduce(NVLINK2, world=1)[0] is False
+    assert allreduce_paths.custom_allreduce(PCIE3)[1] == "world size 3 is not one it supports (2, 4, 6, 8)"
+
+
+def test_missing_kernels_name_the_flashinfer_an_sglang_release_pins_only_where_it_lacks_them(monkeypatch):
+    def sglang(version):
+        return allreduce_paths.SglangInstall(REPO, version, True)
+    old = allreduce_paths.kernels_missing(sglang("0.5.21"), FI_OLD)
+    assert old == ("FlashInfer 0.6.18 lacks the kernels (the PCIe-IPC kernels need flashinfer-python >= 0.7.0;"
+                   " SGLang 0.5.21 pins 0.6.18, which lacks them; switched on, SGLang's adapter would log a warning"
+                   " and stay on NCCL)")
+    assert "pins" not in allreduce_paths.kernels_missing(sglang("0.5.22"), FI_OLD)  # it pins 0.7.1: has them
+    assert allreduce_paths.kernels_missing(sglang("0.5.22"), FI_NONE).startswith("FlashInfer is not installed")
+    assert allreduce_paths.kernels_missing(sglang("0.5.23"), FI_NEW) is None
+    monkeypatch.setitem(allreduce_paths.FLASHINFER_PINS, "9.9", allreduce_paths.FLASHINFER_MIN)  # pins the first
+    assert "pins" not in allreduce_paths.kernels_missing(sglang("9.9"), FI_OLD)  # release with them: no note
+
+
 def test_flashinfer_is_read_from_the_listing_without_importing_it(tmp_path, monkeypatch):
     (tmp_path / "flashinfer" / "comm").mkdir(parents=True)
     (tmp_path / "flashinfer" / "__init__.py").write_text("raise RuntimeError('imported')\n")

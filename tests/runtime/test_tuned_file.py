@@ -70,6 +70,26 @@ def test_installed_nccl_reads_the_distribution_from_sys_path(tmp_path, monkeypat
     assert tuning.installed_nccl() is None
 
 
+def test_two_nccl_distributions_are_named_in_one_order_whatever_sys_path_says(tmp_path, monkeypatch):
+    """A fingerprint compares this text between runs: the same installs give the same text."""
+    for folder, dist in (("a", "nvidia_nccl_cu13-2.30.7"), ("b", "nvidia_nccl_cu12-2.27.5")):
+        (tmp_path / folder / f"{dist}.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "a"), str(tmp_path / "b")])
+    both = "nvidia-nccl-cu12==2.27.5,nvidia-nccl-cu13==2.30.7"
+    assert tuning.installed_nccl() == both
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "b"), str(tmp_path / "a")])
+    assert tuning.installed_nccl() == both
+
+
+def test_the_infiniband_devices_are_listed_sorted_and_at_most_64(tmp_path, monkeypatch):
+    for n in range(70):
+        (tmp_path / f"mlx5_{n:02d}").mkdir()
+    monkeypatch.setattr(tuning, "IB_DEVICES", str(tmp_path))
+    assert tuning.ib_devices() == [f"mlx5_{n:02d}" for n in range(64)]
+    monkeypatch.setattr(tuning, "IB_DEVICES", str(tmp_path / "none"))
+    assert tuning.ib_devices() == []
+
+
 def test_fingerprint_differences_name_each_field():
     here = tuning.fingerprint(NVLINK_BOX, {}, nccl="nvidia-nccl-cu13==2.30.7")
     assert tuning.fingerprint_differences(here, dict(here)) == []
