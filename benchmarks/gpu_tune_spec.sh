@@ -7,7 +7,7 @@
 #      pair), so that the first measured server is not the machine's cold one (JIT builds) and no device time waits
 #      for it
 #   1. tune-spec's search (--prove 0: the table for this box is written, the sweep below measures it), levels c=1
-#      and c=32, chains 1, 3, 5, 7, at most MAX_SERVERS (5: 36% of the sweep's 14)
+#      and c=32, chains 1, 3, 5, 7, at most MAX_SERVERS (4: 29% of the sweep's 14)
 #   2. the exhaustive reference in the same lease: tune-spec --sweep 2 over every candidate of 1 (none, chains 1, 3,
 #      5, 7, SGLang's adaptive table) plus the table 1 wrote (--table), A..Z Z..A: 14 servers. Its adaptive, table
 #      and best fixed chain servers are the tuned table against SGLang's default table and the best fixed chain, in
@@ -59,10 +59,11 @@ work() {
   stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
   stamp warm-up-while-the-models-are-made
   while [ ! -f $WARM_MODELS.done ]; do sleep 1; done
-  # one chain-7 server and one of SGLang's adaptive table on the small pair, each driven at c=1 and c=32 (and the
-  # no-speculation one the sweep lists first): not measured, only warming
-  ( time python3 -m sglang_pcie tune-spec --out $W/warm --sweep 1 --steps 7 --no-warmup "${LEVELS[@]}" \
-      --batch-requests 32 -- --model-path $WARM_MODELS/target $(spec $WARM_MODELS) "${SHAPE[@]}" ) \
+  # one chain-7 server on the small pair, driven at c=1 and c=32: not measured, only warming (one server: it ends
+  # about when the 8B pair is made, so no device time waits for it)
+  ( time python3 -m sglang_pcie tune-spec --out $W/warm --steps 7 --max-servers 1 --no-adaptive --prove 0 \
+      --no-warmup "${LEVELS[@]}" --batch-requests 32 -- --model-path $WARM_MODELS/target $(spec $WARM_MODELS) \
+      "${SHAPE[@]}" ) \
       > $W/warm.stdout 2> $W/warm.stderr
   stamp wait-models
   while [ ! -f $M.done ]; do sleep 2; done
@@ -70,7 +71,7 @@ work() {
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
   stamp tune-spec
   ( time python3 -m sglang_pcie tune-spec --out $W/tune --steps 1,3,5,7 --prove 0 --no-warmup \
-      --max-servers "${MAX_SERVERS:-5}" --budget-minutes 12 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
+      --max-servers "${MAX_SERVERS:-4}" --budget-minutes 12 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
       > $W/tune.stdout 2> $W/tune.stderr
   echo "tune-spec exit $?" >> $W/tune.stdout
   stamp sweep
