@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", type=int, default=0, metavar="N",
                    help="no model: measure every candidate N times in counterbalanced order (the exhaustive"
                         " reference; costs candidates x N servers)")
+    p.add_argument("--candidates", metavar="NAME,...",
+                   help="with --sweep: only these candidates (names as --dry-run lists them), e.g."
+                        " chain-3,chain-5,adaptive,table")
     p.add_argument("--prove", type=int, default=2, metavar="N",
                    help="repeats of the proof of the table for this box (default 2; 0: none)")
     p.add_argument("--no-edges", action="store_true",
@@ -142,12 +145,27 @@ def _settings(args, launch_args: list) -> tuple[Settings, list, AdaptiveFacts]:
             table = (str(Path(args.table).resolve()), read_table(args.table))
         except ValueError as exc:
             raise UsageError(f"--table {exc}") from None
-    found = candidates(launch_args, max_steps, facts, steps, table)
+    found = _only(candidates(launch_args, max_steps, facts, steps, table), args.candidates, args.sweep)
     settings = Settings(levels=levels, resolve=resolve, budget_s=args.budget_minutes * 60, max_steps=max_steps,
                         current=current_name(launch_args, found), max_servers=args.max_servers, sweep=args.sweep,
                         profile=args.profile, prove=args.prove, edges=not args.no_edges, per_batch=facts.per_batch,
                         zero_steps=facts.zero_steps)
     return settings, found, facts
+
+
+def _only(found: list, text: str | None, sweep: int) -> list:
+    """The candidates ``--candidates`` names, in their listed order (all where it is not given)."""
+    if text is None:
+        return found
+    if not sweep:
+        raise UsageError("--candidates: only with --sweep (the search needs none and the chains its model fits;"
+                         " narrow it with --steps or --no-adaptive)")
+    names, known = [n for n in text.split(",") if n], [c.name for c in found]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--candidates {text!r}: {', '.join(unknown) or 'no name given'}: this launch's"
+                         f" candidates are {', '.join(known)}")
+    return [c for c in found if c.name in names]
 
 
 def given_options(argv: list[str]) -> set[str]:
