@@ -94,6 +94,10 @@ def test_resume_refuses_an_option_that_differs_from_the_runs(capsys, tmp_path, o
     (["--workload", "batch", "--concurrency", "1"], "--workload batch"),
     (["--stream-requests", "0"], "--stream-requests 0"),
     (["--table", "/nonexistent/table.json"], "--table /nonexistent/table.json: not a file"),
+    (["--candidates", "chain-3"], "--candidates: only with --sweep"),
+    (["--sweep", "1", "--candidates", "chain-3,chain-9"], "--candidates 'chain-3,chain-9': chain-9: this launch's"
+                                                           " candidates are none, chain-1, chain-3, chain-5"),
+    (["--sweep", "1", "--candidates", ","], "--candidates ',': no name given"),
 ])
 def test_bad_options_are_one_line_naming_them_and_start_nothing(capsys, tmp_path, argv, message):
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), *argv)
@@ -143,3 +147,13 @@ def test_a_table_given_is_weighed_as_a_candidate(capsys, tmp_path):
     table.write_text(json.dumps({"1": {"candidate_steps": [True]}}))  # a boolean is no step
     code, out, err = tune(capsys, "--dry-run", "--table", str(table))
     assert code == 2 and "candidate_steps must be a list of steps 0 to 16" in err
+
+
+def test_a_sweep_of_the_named_candidates_measures_only_those_in_counterbalanced_order(capsys, tmp_path):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--sweep", "2", "--candidates", "chain-5,chain-1",
+                          "--no-warmup")
+    assert code == 0, out + err
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    # listed order (chain-1 before chain-5), then reversed; none and chain-3 never started
+    assert [s["candidate"] for s in state["servers"]] == ["chain-1", "chain-5", "chain-5", "chain-1"]
+    assert [c["name"] for c in state["candidates"]] == ["chain-1", "chain-5"]
