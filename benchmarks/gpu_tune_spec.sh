@@ -16,6 +16,8 @@
 #      table and best fixed chain servers are the tuned table against SGLang's default table and the best fixed
 #      chain, in counterbalanced pairs.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
+# Where a lease has too little left for the sweep: PAIRS=0 PROVE=1 MAX_SERVERS=10 TUNE_MINUTES=16 runs the search
+# with tune-spec's own proof instead (the tuned table, SGLang's table and the best fixed chain, A B C C B A).
 # A second pair: PAIR=e2e-tokenwise on every call (below); its servers are shorter, its regime host-bound.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
@@ -74,10 +76,11 @@ work() {
   cp $M.log $W/make-models.txt
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
   stamp tune-spec
-  ( time python3 -m sglang_pcie tune-spec --out $W/tune --steps 1,3,5,7 --prove 0 --no-warmup \
-      --max-servers "${MAX_SERVERS:-4}" --budget-minutes 12 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
+  ( time python3 -m sglang_pcie tune-spec --out $W/tune --steps 1,3,5,7 --prove "${PROVE:-0}" --no-warmup \
+      --max-servers "${MAX_SERVERS:-4}" --budget-minutes "${TUNE_MINUTES:-12}" "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
       > $W/tune.stdout 2> $W/tune.stderr
   echo "tune-spec exit $?" >> $W/tune.stdout
+  [ "${PAIRS:-2}" = 0 ] && { stamp done; touch $W/DONE; return; }
   stamp sweep
   ( time python3 -m sglang_pcie tune-spec --out $W/sweep --steps 1,3,5,7 --sweep "${PAIRS:-2}" --no-warmup \
       ${SWEEP_CANDIDATES:+--candidates "$SWEEP_CANDIDATES"} \
