@@ -12,7 +12,7 @@ import pytest
 from support import REPO
 
 # The sdist is the wheel's source (pyproject.toml says why): no tests, CI scripts or measurements, which need a clone.
-SDIST_TOP = {"sglang_pcie", "sitecustomize", "patches", "docs", "pyproject.toml", "README.md", "ARCHITECTURE.md",
+SDIST_TOP = {"sglang_pcie", "sitecustomize", "diffs", "docs", "pyproject.toml", "README.md", "ARCHITECTURE.md",
              "CHANGELOG.md", "COMPATIBILITY.md", "LICENSE", "PKG-INFO", ".gitignore"}
 
 
@@ -40,7 +40,7 @@ def test_twine_check_strict_passes(dists):
 def test_the_sdist_holds_the_listed_paths_only(dists):
     with tarfile.open(dists[1]) as sdist:
         top = {name.split("/", 2)[1] for name in sdist.getnames() if name.count("/") >= 1}
-    assert top <= SDIST_TOP and {"sglang_pcie", "LICENSE", "patches", "docs"} <= top and "scratch" not in top
+    assert top <= SDIST_TOP and {"sglang_pcie", "LICENSE", "diffs", "docs"} <= top and "scratch" not in top
     assert not {"tests", "ci", "benchmarks"} & top  # they need a clone (the workflows, git, the SGLang installs)
 
 

@@ -46,7 +46,7 @@ class Step:
     patch_id: str
     status: str  # its static check on the target
     detail: str
-    diff: Path | None  # patches/<release>/<id>.diff, where there is one
+    diff: Path | None  # diffs/<release>/<id>.diff, where there is one
     action: str  # APPLY, REMOVE, ALREADY, NOTHING or REFUSE
     why: str = ""
 
@@ -92,7 +92,7 @@ def plan(tree: SourceTree, reverse: bool = False, diffs_dir: Path | None = None)
         result = check_source(patch, tree)
         diff = diffs.get(patch.id)
         step = Step(patch.id, result.status, result.detail, diff, REFUSE)
-        rel = f"patches/{tree.version}/{patch.id}.diff"
+        rel = f"diffs/{tree.version}/{patch.id}.diff"
         step.why = result.detail
         if result.status == (APPLIED if reverse else APPLICABLE):
             if diff is not None:

@@ -1,4 +1,4 @@
-"""Versioned diffs: ``patches/<sglang-release>/<patch-id>.diff``, applied with ``patch -p1`` in the folder that
+"""Versioned diffs: ``diffs/<sglang-release>/<patch-id>.diff``, applied with ``patch -p1`` in the folder that
 holds the ``sglang`` package, for users who bake patched sources into an image (``diff_apply`` applies them).
 
 The diffs are generated from each patch's ``rewrite(tree)`` (``diff_for``; ``ci/generate-diffs`` writes them), the
@@ -40,9 +40,9 @@ class DiffError(Exception):
 
 
 def diffs_root() -> Path:
-    """The packaged diffs (wheel install), else the checkout's ``patches/`` folder (editable install)."""
+    """The packaged diffs (wheel install), else the checkout's ``diffs/`` folder (editable install)."""
     package = Path(sglang_pcie.__file__).parent
-    for candidate in (package / "diffs", package.parent / "patches"):
+    for candidate in (package / "diffs", package.parent / "diffs"):
         if candidate.is_dir():
             return candidate
     raise DiffError(f"no diffs folder found beside {package}")

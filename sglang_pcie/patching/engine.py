@@ -93,7 +93,7 @@ class Patch:
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
         """The source-level equivalent of ``apply``: {module name: new source}; {} where none is needed.
 
-        ``ci/generate-diffs`` turns it into ``patches/<release>/<id>.diff``.
+        ``ci/generate-diffs`` turns it into ``diffs/<release>/<id>.diff``.
         """
         raise NotImplementedError
 

@@ -119,7 +119,7 @@ def check_sources(roots: list[str]) -> list[dict]:
 
 
 def newest_with_diffs(diffs_root: Path) -> str | None:
-    """The newest release folder of ``diffs_root`` (``patches/``) holding any diff."""
+    """The newest release folder of ``diffs_root`` (``diffs/``) holding any diff."""
     folders = releases_with_diffs(diffs_root)
     return folders[-1] if folders else None
 
@@ -151,7 +151,7 @@ def failing(rows: list[dict]) -> bool:
 def render_markdown(rows: list[dict], lacking: list[str], newest_with_diffs: str | None) -> str:
     """The matrix as Markdown: a release x patch table, then each patch's details grouped by release runs."""
     patch_ids = [cell["id"] for cell in rows[0]["patches"]] if rows else []
-    lines = ["| release | " + " | ".join(f"`{pid}`" for pid in patch_ids) + " | diffs in `patches/` |",
+    lines = ["| release | " + " | ".join(f"`{pid}`" for pid in patch_ids) + " | diffs in `diffs/` |",
              "|---|" + "---|" * len(patch_ids) + "---|"]
     for row in rows:
         cells = []
@@ -164,7 +164,7 @@ def render_markdown(rows: list[dict], lacking: list[str], newest_with_diffs: str
             diffs = ", ".join(row.get("diffs", [])) or "none"
         lines.append(f"| {row['version']} | " + " | ".join(cells) + f" | {diffs} |")
     if lacking:
-        after = f"newer than `patches/{newest_with_diffs}/`" if newest_with_diffs else "no folder in `patches/`"
+        after = f"newer than `diffs/{newest_with_diffs}/`" if newest_with_diffs else "no folder in `diffs/`"
         lines += ["", f"Releases lacking diffs ({after}): {', '.join(lacking)}. "
                   f"Prepare them with `ci/prepare-release-diffs VERSION`."]
     if patch_ids:

@@ -48,7 +48,7 @@ def test_every_covered_release_is_applicable_and_names_its_counters(pristine_sou
 
 def test_committed_diffs_are_what_the_patch_generates(pristine_source):
     for version in COVERED_RELEASES:
-        committed = REPO / "patches" / version / "accept-length-alarm.diff"
+        committed = REPO / "diffs" / version / "accept-length-alarm.diff"
         assert committed.read_text() == diff_for(PATCH, SourceTree(pristine_source(version))), version
 
 
@@ -62,7 +62,7 @@ def _copy_target(source_root: Path, dest: Path) -> SourceTree:
 
 def _patched_copy(pristine: Path, version: str, dest: Path) -> SourceTree:
     tree = _copy_target(pristine, dest)
-    diff = REPO / "patches" / version / "accept-length-alarm.diff"
+    diff = REPO / "diffs" / version / "accept-length-alarm.diff"
     subprocess.run(["patch", "-p1", "--quiet", "-i", str(diff)], cwd=dest, check=True)
     return tree
 
@@ -74,7 +74,7 @@ def test_diff_applies_with_patch_compiles_and_reads_as_applied(pristine_source, 
     assert PATCH.rewrite(tree) == {}
     text = tree.path(MODULE).read_text()
     compile(text, str(tree.path(MODULE)), "exec", dont_inherit=True)
-    added = [line for line in (REPO / "patches" / version / "accept-length-alarm.diff").read_text().splitlines()
+    added = [line for line in (REPO / "diffs" / version / "accept-length-alarm.diff").read_text().splitlines()
              if line.startswith("+") and not line.startswith("+++") and line.strip("+ ")]
     unmarked = [line for line in added if "sglang-pcie: accept-length-alarm" not in line]
     assert unmarked == []  # every line the diff adds carries the marker (the guard's too)

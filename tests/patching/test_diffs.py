@@ -11,8 +11,8 @@ from support import PATCH_IDS, REPO
 def test_the_checkout_holds_a_diff_folder_per_covered_release():
     from sglang_pcie.patching.releases import COVERED_RELEASES
 
-    assert diffs.releases_with_diffs(REPO / "patches") == list(COVERED_RELEASES)
-    assert {p.stem for p in diffs.diffs_for("0.5.23", REPO / "patches")} == set(PATCH_IDS)
+    assert diffs.releases_with_diffs(REPO / "diffs") == list(COVERED_RELEASES)
+    assert {p.stem for p in diffs.diffs_for("0.5.23", REPO / "diffs")} == set(PATCH_IDS)
 
 
 def test_a_release_without_diffs_names_those_that_have_them(tmp_path):

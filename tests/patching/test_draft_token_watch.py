@@ -31,7 +31,7 @@ def test_every_covered_release_is_applicable_on_the_workers_it_has(pristine_sour
 
 def test_committed_diffs_are_what_the_patch_generates(pristine_source):
     for version in COVERED_RELEASES:
-        committed = REPO / "patches" / version / "draft-token-watch.diff"
+        committed = REPO / "diffs" / version / "draft-token-watch.diff"
         assert committed.read_text() == diff_for(PATCH, SourceTree(pristine_source(version))), version
 
 
@@ -48,7 +48,7 @@ def test_the_diff_applies_beside_eagle3_profiles_compiles_and_reads_as_applied(p
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(root / name, tmp_path / name)
     for patch_id in ("eagle3-profile", "draft-token-watch"):  # both diffs, in apply-diffs' (the register's) order
-        diff = REPO / "patches" / version / f"{patch_id}.diff"
+        diff = REPO / "diffs" / version / f"{patch_id}.diff"
         subprocess.run(["patch", "-p1", "--quiet", "--forward", "-F0", "-i", str(diff)], cwd=tmp_path, check=True)
     tree = SourceTree(tmp_path)
     assert PATCH.check_source(tree) == Result(APPLIED, "source carries the sglang-pcie diff")

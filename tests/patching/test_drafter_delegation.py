@@ -234,7 +234,7 @@ def test_drifted_when_a_name_the_wrapper_relies_on_goes(trees, tmp_path, old, ne
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
 def test_committed_diff_is_what_rewrite_generates(trees, version):
-    committed = REPO / "patches" / version / f"{PATCH.id}.diff"
+    committed = REPO / "diffs" / version / f"{PATCH.id}.diff"
     generated = diff_for(PATCH, trees[version])
     assert generated, "the patch applies to every covered release"
     assert committed.is_file() and committed.read_text() == generated, "run ci/generate-diffs"
@@ -248,7 +248,7 @@ def added_text(diff: str) -> str:
 def test_diff_adds_the_guard_and_its_install_line_to_the_model_runner_only(version):
     """The diff carries the guard every diff binds and the line that applies it to load_model, nothing else (the
     wrapper itself is sglang_pcie.runtime.drafter_delegation)."""
-    diff = (REPO / "patches" / version / f"{PATCH.id}.diff").read_text()
+    diff = (REPO / "diffs" / version / f"{PATCH.id}.diff").read_text()
     assert [line for line in diff.splitlines() if line.startswith("+++ ")] == [f"+++ b/{RUNNER_FILE}"]
     lines = [line.strip() for line in added_text(diff).splitlines() if line.strip()]
     assert lines == [line.strip() for line in (dd.GUARD + dd.INSTALL_LINE).splitlines() if line.strip()]
@@ -257,7 +257,7 @@ def test_diff_adds_the_guard_and_its_install_line_to_the_model_runner_only(versi
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.16", "0.5.23"])
 def test_diff_applies_and_then_reads_applied(trees, version, tmp_path):
     tree = copy_tree(trees[version], tmp_path)
-    diff = REPO / "patches" / version / f"{PATCH.id}.diff"
+    diff = REPO / "diffs" / version / f"{PATCH.id}.diff"
     proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(diff)], cwd=tmp_path,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

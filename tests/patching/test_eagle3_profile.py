@@ -39,7 +39,7 @@ def test_every_covered_release_is_applicable(pristine_source):
 
 def test_committed_diffs_are_what_the_patch_generates(pristine_source):
     for version in COVERED_RELEASES:
-        committed = REPO / "patches" / version / "eagle3-profile.diff"
+        committed = REPO / "diffs" / version / "eagle3-profile.diff"
         assert committed.read_text() == diff_for(PATCH, SourceTree(pristine_source(version))), version
 
 
@@ -54,7 +54,7 @@ def _copy_targets(source_root: Path, dest: Path):
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.12.post1", "0.5.13", "0.5.23"])
 def test_diff_applies_with_patch_and_the_result_reads_as_applied(pristine_source, tmp_path, version):
     tree = _copy_targets(pristine_source(version), tmp_path)
-    diff = REPO / "patches" / version / "eagle3-profile.diff"
+    diff = REPO / "diffs" / version / "eagle3-profile.diff"
     subprocess.run(["patch", "-p1", "--quiet", "-i", str(diff)], cwd=tmp_path, check=True)
     assert PATCH.check_source(tree) == Result(APPLIED, "source carries the sglang-pcie diff")
     assert PATCH.rewrite(tree) == {}
@@ -102,7 +102,7 @@ def test_release_without_eagle_workers_is_not_applicable(pristine_source, tmp_pa
 
 def _diffed_sources(pristine: Path, version: str, folder: Path) -> dict:
     tree = _copy_targets(pristine, folder)
-    subprocess.run(["patch", "-p1", "--quiet", "-i", str(REPO / "patches" / version / "eagle3-profile.diff")],
+    subprocess.run(["patch", "-p1", "--quiet", "-i", str(REPO / "diffs" / version / "eagle3-profile.diff")],
                    cwd=folder, check=True)
     return {name: str(tree.path(name)) for name in TARGETS if tree.path(name) is not None}
 

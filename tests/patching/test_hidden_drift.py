@@ -222,12 +222,12 @@ def test_prepare_release_diffs_names_the_drifted_patch(tmp_path):
     """On the pristine 0.5.23 the 0.5.22 eagle3-profile diff carries over; with the draft method renamed it may not."""
     case = next(c for c in CASES if c.name == "v2 EAGLE draft worker's draft method renamed")
     source = drifted_copy(case, tmp_path / "sglang-0.5.23")
-    shutil.copytree(REPO / "patches" / "0.5.22", tmp_path / "patches" / "0.5.22")
+    shutil.copytree(REPO / "diffs" / "0.5.22", tmp_path / "diffs" / "0.5.22")
     proc = subprocess.run([sys.executable, str(REPO / "ci" / "prepare-release-diffs"), "0.5.23",
-                           "--sglang-source", str(source), "--patches-dir", str(tmp_path / "patches")],
+                           "--sglang-source", str(source), "--diffs-dir", str(tmp_path / "diffs")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NEEDS A HUMAN  eagle3-profile: static check says drifted:" in proc.stdout
     assert "fix sglang_pcie/patching/eagle3_profile.py for sglang 0.5.23" in proc.stderr
     assert (REPO / "sglang_pcie" / "patching" / "eagle3_profile.py").is_file()  # the path printed is the patch's
-    assert not (tmp_path / "patches" / "0.5.23" / "eagle3-profile.diff").exists()
+    assert not (tmp_path / "diffs" / "0.5.23" / "eagle3-profile.diff").exists()

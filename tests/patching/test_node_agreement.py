@@ -149,7 +149,7 @@ def test_a_helper_that_now_holds_init_process_group_is_followed(tmp_path):
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
 def test_committed_diff_is_what_rewrite_generates(trees, version):
-    committed = REPO / "patches" / version / f"{PATCH.id}.diff"
+    committed = REPO / "diffs" / version / f"{PATCH.id}.diff"
     generated = diff_for(PATCH, trees[version])
     assert generated and committed.is_file() and committed.read_text() == generated, "run ci/generate-diffs"
     added = "".join(line[1:] + "\n" for line in generated.splitlines()
@@ -161,7 +161,7 @@ def test_committed_diff_is_what_rewrite_generates(trees, version):
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.16", "0.5.23"])
 def test_diff_applies_and_then_reads_applied(version, tmp_path):
     tree = copy_state(version, tmp_path)
-    diff = REPO / "patches" / version / f"{PATCH.id}.diff"
+    diff = REPO / "diffs" / version / f"{PATCH.id}.diff"
     proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(diff)], cwd=tree.root,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

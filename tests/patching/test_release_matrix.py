@@ -37,7 +37,7 @@ def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def committed_diffs(version: str) -> dict[str, str]:
-    return {p.name: p.read_text() for p in (REPO / "patches" / version).glob("*.diff")}
+    return {p.name: p.read_text() for p in (REPO / "diffs" / version).glob("*.diff")}
 
 
 def test_each_patch_covers_a_range_of_covered_releases():
@@ -104,21 +104,21 @@ def test_compatibility_md_is_the_matrix_of_every_covered_release(tmp_path):
 
 
 def test_releases_newer_than_the_patches_folder_are_listed_as_lacking_diffs(tmp_path):
-    patches_dir = tmp_path / "patches"
-    shutil.copytree(REPO / "patches" / "0.5.21", patches_dir / "0.5.21")
+    diffs_dir = tmp_path / "diffs"
+    shutil.copytree(REPO / "diffs" / "0.5.21", diffs_dir / "0.5.21")
     page = tmp_path / "matrix.md"
-    proc = run_script(CHECK, "--versions", "0.5.21,0.5.23,0.5.22", "--patches-dir", str(patches_dir),
+    proc = run_script(CHECK, "--versions", "0.5.21,0.5.23,0.5.22", "--diffs-dir", str(diffs_dir),
                       "--json", "--markdown-out", str(page))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert [row["version"] for row in report["releases"]] == ["0.5.21", "0.5.22", "0.5.23"]
     assert report["lacking_diffs"] == ["0.5.22", "0.5.23"]
-    assert "sglang 0.5.23 lacks diffs in patches/: run ci/prepare-release-diffs 0.5.23" in proc.stderr
+    assert "sglang 0.5.23 lacks diffs in diffs/: run ci/prepare-release-diffs 0.5.23" in proc.stderr
     markdown = page.read_text()
-    header = "| release | " + " | ".join(f"`{patch.id}`" for patch in all_patches()) + " | diffs in `patches/` |"
+    header = "| release | " + " | ".join(f"`{patch.id}`" for patch in all_patches()) + " | diffs in `diffs/` |"
     assert header in markdown
     assert "| **missing**: `ci/prepare-release-diffs 0.5.22` |" in markdown
-    assert "Releases lacking diffs (newer than `patches/0.5.21/`): 0.5.22, 0.5.23." in markdown
+    assert "Releases lacking diffs (newer than `diffs/0.5.21/`): 0.5.22, 0.5.23." in markdown
 
 
 @pytest.mark.parametrize("args, message", [
@@ -148,8 +148,8 @@ def test_a_release_that_cannot_be_fetched_is_an_error_in_every_cell():
 
 
 def test_prepare_carries_the_nearest_diffs_over_to_the_next_release(tmp_path):
-    shutil.copytree(REPO / "patches" / "0.5.19", tmp_path / "0.5.19")
-    proc = run_script(PREPARE, "0.5.20", "--patches-dir", str(tmp_path))
+    shutil.copytree(REPO / "diffs" / "0.5.19", tmp_path / "0.5.19")
+    proc = run_script(PREPARE, "0.5.20", "--diffs-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "NEED" not in proc.stdout + proc.stderr
     written = {p.name: p.read_text() for p in (tmp_path / "0.5.20").glob("*.diff")}
@@ -162,8 +162,8 @@ def test_prepare_carries_the_nearest_diffs_over_to_the_next_release(tmp_path):
 
 def test_prepare_names_the_patch_whose_target_changed(tmp_path):
     """0.5.14 added the fusion backend resolver: the 0.5.13.post1 diff cannot carry over; nothing is written."""
-    shutil.copytree(REPO / "patches" / "0.5.13.post1", tmp_path / "0.5.13.post1")
-    proc = run_script(PREPARE, "0.5.14", "--patches-dir", str(tmp_path))
+    shutil.copytree(REPO / "diffs" / "0.5.13.post1", tmp_path / "0.5.13.post1")
+    proc = run_script(PREPARE, "0.5.14", "--diffs-dir", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert re.search(r"NEED A HUMAN: .*sm120-allreduce-fusion", proc.stderr), proc.stderr
     assert ("NEEDS A HUMAN  sm120-allreduce-fusion: the sglang 0.5.13.post1 diff does not apply:"
@@ -175,9 +175,9 @@ def test_prepare_names_the_patch_whose_target_changed(tmp_path):
 
 
 def test_prepare_never_overwrites_a_release_folder(tmp_path):
-    shutil.copytree(REPO / "patches" / "0.5.23", tmp_path / "0.5.23")
+    shutil.copytree(REPO / "diffs" / "0.5.23", tmp_path / "0.5.23")
     before = {p.name: p.read_text() for p in (tmp_path / "0.5.23").glob("*.diff")}
-    proc = run_script(PREPARE, "0.5.23", "--from", "0.5.23", "--patches-dir", str(tmp_path))
+    proc = run_script(PREPARE, "0.5.23", "--from", "0.5.23", "--diffs-dir", str(tmp_path))
     assert proc.returncode == 2
     assert "already holds diffs" in proc.stderr
     assert {p.name: p.read_text() for p in (tmp_path / "0.5.23").glob("*.diff")} == before

@@ -226,7 +226,7 @@ def apply_diff(version: str, tmp_path: Path) -> SourceTree:
     """A copy of the release's files the patch reads (the gate module, flashinfer_comm_fusion, the package
     marker), patched with ``patch -p1``."""
     pristine = Path(fetch_source(version))
-    diff = REPO / "patches" / version / f"{PATCH.id}.diff"
+    diff = REPO / "diffs" / version / f"{PATCH.id}.diff"
     touched = [line[len("+++ b/"):].strip() for line in diff.read_text().splitlines() if line.startswith("+++ b/")]
     for rel in set(touched) | {"sglang/__init__.py", "sglang/srt/layers/flashinfer_comm_fusion.py"}:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +265,7 @@ def test_diff_and_monkeypatch_agree_and_keep_every_other_answer(version, tmp_pat
     """The committed diff, applied with ``patch -p1``, gives the text the runtime patch compiles; the gate (and
     resolver, preflight) from it answer as the release's own everywhere but on SM120, where SM120 counts as SM90."""
     tree = SourceTree(fetch_source(version))
-    committed = (REPO / "patches" / version / f"{PATCH.id}.diff").read_text()
+    committed = (REPO / "diffs" / version / f"{PATCH.id}.diff").read_text()
     assert committed == diff_for(PATCH, tree), "ci/generate-diffs is out of date"
     patched_tree = apply_diff(version, tmp_path)
     rewritten = PATCH.rewrite(tree)
@@ -440,7 +440,7 @@ RUNTIME_EXPECTED = {
 def test_runtime_gate_on_simulated_machines(sglang_env, version):
     expected = RUNTIME_EXPECTED[version]
     callers = json.dumps(expected["callers"])
-    diff = REPO / "patches" / version / f"{PATCH.id}.diff"
+    diff = REPO / "diffs" / version / f"{PATCH.id}.diff"
     # Opted in at import, so the patch is registered; the scenarios then stand in for the opt-in as the diff's
     # guard answered it (_sglang_pcie_sm120_opted_in).
     report = sglang_env(version).run_script_json("sm120_runtime.py", callers,

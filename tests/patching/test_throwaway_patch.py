@@ -70,8 +70,8 @@ def temporary_register(monkeypatch):
 @pytest.fixture
 def diffs_dir(tmp_path, tree, temporary_register, monkeypatch) -> Path:
     """The throw-away patch's diff for the fake release, generated as ``ci/generate-diffs`` does, in a folder that
-    ``apply-diffs`` reads instead of the checkout's ``patches/``."""
-    folder = tmp_path / "patches"
+    ``apply-diffs`` reads instead of the checkout's ``diffs/``."""
+    folder = tmp_path / "diffs"
     text = diffs.diff_for(temporary_register, SourceTree(tree))
     (folder / "0.5.23").mkdir(parents=True)
     (folder / "0.5.23" / f"{PATCH_ID}.diff").write_text(text)

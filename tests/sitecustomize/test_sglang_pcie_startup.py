@@ -79,7 +79,7 @@ def test_editable_install_activates(tmp_path):
     assert state(python)["watched"] == ["sglang"]
     proc = run(python, "import sglang_pcie, sglang_pcie.patching.diffs as d; print(sglang_pcie.__file__, d.diffs_root())")
     module_file, diffs = proc.stdout.split()
-    assert module_file == str(REPO / "sglang_pcie" / "__init__.py") and diffs == str(REPO / "patches")
+    assert module_file == str(REPO / "sglang_pcie" / "__init__.py") and diffs == str(REPO / "diffs")
 
 
 def test_console_script_and_module_entry_agree(overlay_python):
