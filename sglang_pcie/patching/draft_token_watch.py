@@ -21,7 +21,8 @@ from typing import Mapping
 
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
                                          Patch, Result, is_patched)
-from sglang_pcie.patching import baked, register, wrapping
+from sglang_pcie.patching import baked, register
+from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Callable, Iterable, Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
-from sglang_pcie.patching import baked, wrapping
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
+from sglang_pcie.patching import baked
+from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import drafter_delegation as payload
@@ -431,12 +432,12 @@ class DrafterDelegation(Patch):
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         module = modules.get(MODEL_RUNNER)
         if module is None:
-            return Result(ERROR, f"{MODEL_RUNNER} did not import")
+            return Result(DRIFTED, f"{MODEL_RUNNER} did not import")
         if hasattr(module, DECORATOR):
             return Result(APPLIED, "source carries the sglang-pcie diff")
         if is_patched(vars(getattr(module, RUNNER_CLASS, object)).get("load_model"), self.id):
             return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
-        return Result(ERROR, "ModelRunner.load_model is not wrapped")
+        return Result(DRIFTED, "ModelRunner.load_model is not wrapped")
 
 
 PATCH = DrafterDelegation()

@@ -18,9 +18,10 @@ import sys
 from types import FunctionType, ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching import baked, wrapping
+from sglang_pcie.patching import baked
+from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
-from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, ERROR, Drift, Patch, Result, is_patched
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, Drift, Patch, Result, is_patched
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import agreement
 
@@ -190,15 +191,15 @@ class NodeAgreement(Patch):
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         module = modules.get(PARALLEL_STATE)
         if module is None:
-            return Result(ERROR, f"{PARALLEL_STATE} did not import")
+            return Result(DRIFTED, f"{PARALLEL_STATE} did not import")
         if hasattr(module, DECORATOR):
             return Result(APPLIED, "source carries the sglang-pcie diff")
         function = getattr(module, HOOK, None)
         if not is_patched(function, self.id):
-            return Result(ERROR, f"{HOOK} is not wrapped")
+            return Result(DRIFTED, f"{HOOK} is not wrapped")
         package = sys.modules.get(PACKAGE)
         if package is not None and getattr(package, HOOK, function) is not function:
-            return Result(ERROR, f"{PACKAGE}.{HOOK} was bound before the hook ran: its callers get the unwrapped "
+            return Result(DRIFTED, f"{PACKAGE}.{HOOK} was bound before the hook ran: its callers get the unwrapped "
                                  "function")
         return Result(APPLIED, DETAIL)
 

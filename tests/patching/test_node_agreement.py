@@ -21,7 +21,7 @@ from support.releases import release_copy
 from sglang_pcie.patching import baked
 from sglang_pcie.patching import node_agreement as na
 from sglang_pcie.patching.diffs import diff_for
-from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, ERROR, Drift
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, Drift
 from sglang_pcie.patching.node_agreement import PATCH
 from sglang_pcie.patching.releases import COVERED_RELEASES
 from sglang_pcie.patching.source import SourceTree
@@ -220,11 +220,11 @@ def test_check_runtime_names_a_caller_left_with_the_unwrapped_function(monkeypat
     monkeypatch.setattr(agreement, "runtime_problem", lambda: None)
     module, package = state_module(), ModuleType(na.PACKAGE)
     package.init_distributed_environment = module.init_distributed_environment  # bound before the hook ran
-    assert PATCH.check_runtime({na.PARALLEL_STATE: module}, None).status == ERROR
+    assert PATCH.check_runtime({na.PARALLEL_STATE: module}, None).status == DRIFTED
     PATCH.install(module, None)
     monkeypatch.setitem(sys.modules, na.PACKAGE, package)
     result = PATCH.check_runtime({na.PARALLEL_STATE: module}, None)
-    assert result.status == ERROR and "bound before the hook ran" in result.detail
+    assert result.status == DRIFTED and "bound before the hook ran" in result.detail
     baked = state_module()
     setattr(baked, na.DECORATOR, lambda f: f)
     assert PATCH.check_runtime({na.PARALLEL_STATE: baked}, None).status == APPLIED

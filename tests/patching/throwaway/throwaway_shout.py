@@ -6,7 +6,8 @@ The Patch template (``patching/engine.py``), SourceTree to read, SourceEdits to 
 """
 from __future__ import annotations
 
-from sglang_pcie.patching import baked, wrapping
+from sglang_pcie.patching import baked
+from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
                                          is_patched)

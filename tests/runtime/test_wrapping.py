@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import types
 
-from sglang_pcie.patching.wrapping import member, unwrap_member, wrap_member
+from sglang_pcie.runtime.wrapping import member, unwrap_member, wrap_member
 from sglang_pcie.runtime.results import is_patched
 
 
