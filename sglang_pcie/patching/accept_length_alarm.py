@@ -23,16 +23,11 @@ says where (``moved to <module>.<Class>.<hook>``).
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, Drift, Patch, Result,
-                                         is_patched)
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, Patch, Result
 from sglang_pcie.patching import baked, register
-from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import accept_alarm
@@ -68,66 +63,8 @@ class AcceptLengthAlarm(Patch):
         own = (found.owner_module, found.owner) == (found.module, found.cls)
         return {found.module: _add_decorator(tree, found.module, found.cls, found.function if own else None)}
 
-    # -- runtime
-
-    def install(self, module: ModuleType, settings) -> Result:
-        cls = getattr(module, CLASS, None)
-        if not inspect.isclass(cls):
-            raise Drift(f"{MODULE}.{CLASS} is missing")
-        owner = _runtime_owner(module, cls)
-        function = wrapping.member(owner, HOOK)
-        if not inspect.isfunction(function):
-            raise Drift(f"{CLASS}.{HOOK} is missing or not a plain function")
-        label = _runtime_label(owner)
-        if not is_patched(function, self.id):
-            parameters = tuple(inspect.signature(function).parameters)[:len(PARAMETERS)]
-            if parameters != PARAMETERS:
-                raise Drift(f"{label}.{HOOK} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            wrapping.wrap_member(owner, HOOK, self.wrapper(settings), self.id)  # on the class, as the diff does
-        return Result(APPLIED, f"watching {label}.{HOOK}")
-
-    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        reason = self.disabled_reason(settings)
-        if reason:
-            return Result(DISABLED, reason)
-        module = modules.get(MODULE)
-        if module is None:
-            return Result(DRIFTED, f"{MODULE} is missing")
-        cls = getattr(module, CLASS, None)
-        try:
-            owner = _runtime_owner(module, cls) if inspect.isclass(cls) else None
-        except Drift as exc:
-            return Result(DRIFTED, str(exc))
-        label = _runtime_label(owner) if owner is not None else CLASS
-        if not is_patched(getattr(owner, HOOK, None), self.id):
-            return Result(DRIFTED, f"{label}.{HOOK} is not watched in this process")
-        return Result(APPLIED, f"watching {label}.{HOOK} (one warning per server when EAGLE drafts are almost never "
-                               "accepted)")
-
 
 PATCH = AcceptLengthAlarm()
-
-
-# -- where the hook is, at runtime: TokenizerManager's (own or inherited), or the one component class that has it
-
-def _runtime_owner(module: ModuleType, cls: type) -> type:
-    """The class to wrap: TokenizerManager where attribute lookup finds the hook on it; otherwise the one other
-    class ``module`` binds (imports or defines) that has it, where a split into component classes moved it."""
-    if wrapping.member(cls, HOOK) is not None:
-        return cls
-    components = []
-    for value in vars(module).values():
-        if inspect.isclass(value) and value is not cls and value not in components \
-                and inspect.isfunction(wrapping.member(value, HOOK)):
-            components.append(value)
-    if len(components) > 1:
-        raise Drift(f"{CLASS}.{HOOK} is missing; moved to more than one class {MODULE} uses: "
-                    + ", ".join(f"{_runtime_label(c)}.{HOOK}" for c in components))
-    return components[0] if components else cls
-
-
-def _runtime_label(owner: type) -> str:
-    return CLASS if owner.__name__ == CLASS else f"{owner.__module__}.{owner.__qualname__}"
 
 
 # -- the static check

@@ -7,14 +7,10 @@ the block's ``except ImportError`` branch makes every decorator the identity.
 """
 from __future__ import annotations
 
+from sglang_pcie.runtime.baked import guard_name  # noqa: F401  (the name the guard checks, re-exported)
 from sglang_pcie.runtime.results import DIFF_MARKER
 
 GUARD_FACTORY = "_sglang_pcie_guard"
-
-
-def guard_name(patch_id: str) -> str:
-    """The module-level name a diff binds its patch's guard to: ``_sglang_pcie_<id with underscores>``."""
-    return "_sglang_pcie_" + patch_id.replace("-", "_")
 
 
 def guard_block(patch_id: str) -> str:

@@ -15,14 +15,9 @@ so the two diffs never touch the same lines and the watch sits outside the profi
 from __future__ import annotations
 
 import ast
-import inspect
-from types import ModuleType
-from typing import Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
-                                         Patch, Result, is_patched)
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, Patch, Result
 from sglang_pcie.patching import baked, register
-from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
@@ -83,38 +78,6 @@ class DraftTokenWatch(Patch):
             return {}
         present, _ = self._inspect(tree)
         return {module: _append_binding(tree, module) for module in present if COMMENT not in tree.source(module)}
-
-    # -- runtime
-
-    def install(self, module: ModuleType, settings) -> Result:
-        if module.__name__ not in TARGETS:
-            return Result(NOT_APPLICABLE, f"{module.__name__} is not an EAGLE worker module")
-        kind, cls_name, _ = TARGETS[module.__name__]
-        cls = getattr(module, cls_name, None)
-        if not inspect.isclass(cls):
-            raise Drift(f"{module.__name__}.{cls_name} is missing")
-        function = wrapping.member(cls, METHOD)
-        if not inspect.isfunction(function):
-            raise Drift(f"{cls_name}.{METHOD} is missing or not a plain function")
-        if not is_patched(function, self.id):
-            parameters = tuple(inspect.signature(inspect.unwrap(function)).parameters)[:len(PARAMETERS)]
-            if parameters != PARAMETERS:
-                raise Drift(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
-            wrapping.wrap_member(cls, METHOD, self.wrapper(settings, kind), self.id)
-        return Result(APPLIED, _describe(module.__name__))
-
-    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        reason = self.disabled_reason(settings)
-        if reason:
-            return Result(DISABLED, reason)
-        present = [name for name in TARGETS if name in modules]
-        if not present:
-            return Result(NOT_APPLICABLE, "no EAGLE worker module in this release")
-        missing = [f"{TARGETS[name][1]}.{METHOD}" for name in present
-                   if not is_patched(getattr(getattr(modules[name], TARGETS[name][1], None), METHOD, None), self.id)]
-        if missing:
-            return Result(DRIFTED, "not watched: " + ", ".join(missing))
-        return Result(APPLIED, "watching " + "; ".join(_describe(name) for name in present))
 
 
 PATCH = DraftTokenWatch()

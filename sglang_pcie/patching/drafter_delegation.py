@@ -21,15 +21,13 @@ classes that would gain methods if served.
 from __future__ import annotations
 
 import ast
-import logging
 import re
 from dataclasses import dataclass
-from types import FunctionType, ModuleType
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Drift, Patch, Result, is_patched)
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Patch,
+                                         Result)
 from sglang_pcie.patching import baked
-from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import drafter_delegation as payload
@@ -416,28 +414,6 @@ class DrafterDelegation(Patch):
             return Result(UPSTREAM, "every wrapper already has the methods EAGLE calls on the target: "
                           + ", ".join(w.label for w in wrappers)), []
         return Result(NOT_APPLICABLE, "no model class holds an EAGLE-3-capable language model"), []
-
-    # -- runtime
-
-    def install(self, module: ModuleType, settings) -> Result:
-        runner = getattr(module, RUNNER_CLASS, None)
-        load_model = vars(runner).get("load_model") if isinstance(runner, type) else None
-        if not isinstance(load_model, FunctionType):
-            raise Drift(f"{module.__name__}.{RUNNER_CLASS}.load_model is missing")
-        if not isinstance(getattr(module, "logger", None), logging.Logger):
-            raise Drift(f"{module.__name__} has no module-level logger")
-        wrapping.wrap_member(runner, "load_model", self.wrapper(settings), self.id)
-        return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
-
-    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        module = modules.get(MODEL_RUNNER)
-        if module is None:
-            return Result(DRIFTED, f"{MODEL_RUNNER} did not import")
-        if hasattr(module, DECORATOR):
-            return Result(APPLIED, "source carries the sglang-pcie diff")
-        if is_patched(vars(getattr(module, RUNNER_CLASS, object)).get("load_model"), self.id):
-            return Result(APPLIED, "ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded")
-        return Result(DRIFTED, "ModelRunner.load_model is not wrapped")
 
 
 PATCH = DrafterDelegation()

@@ -16,14 +16,12 @@ answers three questions:
 from __future__ import annotations
 
 import importlib
-import inspect
-import sys
 from types import ModuleType
-from typing import Callable, Mapping
+from typing import Mapping
 
 from sglang_pcie.patching import register
 from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.runtime import baked
+from sglang_pcie.runtime import hooks
 from sglang_pcie.runtime.results import (  # noqa: F401  (the patches' vocabulary, re-exported)
     APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, ERROR, FAILING_STATUSES, MARKER_ATTR, NOT_APPLICABLE,
     STATUSES, UPSTREAM, Drift, Result, StrictModeError, is_patched, mark)
@@ -53,41 +51,30 @@ class Patch:
         """Why the patch is not wanted under ``settings`` (the register's one gate), or None when it is."""
         return register.disabled_reason(self.entry, settings)
 
-    def wrapper(self, settings, *args) -> Callable:
-        """The patch's payload (``payload`` in the register) as ``wrapping.wrap_member`` takes it:
-        ``original -> payload(original, *args, settings=settings)``, the very call a baked diff's guard makes, with
-        the settings ``install`` was handed."""
-        payload = baked.payload_of(self.entry)
-
-        def wrap(original):
-            return payload(original, *args, settings=settings)
-        return wrap
+    def wrapper(self, settings, *args):
+        """The patch's payload as ``wrapping.wrap_member`` takes it, for an install of the patch's own:
+        ``original -> payload(original, *args, settings=settings)``, the very call a baked diff's guard makes."""
+        return hooks.wrapper(self.entry.row, args, settings)
 
     def check_source(self, tree: SourceTree) -> Result:
         raise NotImplementedError
 
     def apply(self, module: ModuleType, settings) -> Result:
-        """Patch ``module`` (one of ``targets``, just imported): the same three steps for every patch."""
-        if self.carries_diff(module):
-            return Result(APPLIED, "source carries the sglang-pcie diff")
-        outside = release_gate(self, getattr(sys.modules.get("sglang"), "__version__", None))
-        if outside is not None:
-            return outside
-        return self.install(module, settings)
+        """Patch ``module`` (one of ``targets``, just imported): the template of ``runtime/hooks.py`` (a baked module
+        left alone, the release gate, then the install)."""
+        return hooks.apply(self.entry.row, module, settings)
 
     def carries_diff(self, module: ModuleType) -> bool:
-        """Whether ``module``'s source holds this patch's versioned diff: its ``# sglang-pcie: <id>`` lines, the one
-        marker every diff carries (the static checks look for the same)."""
-        try:
-            return f"{DIFF_MARKER} {self.id}" in inspect.getsource(module)
-        except (OSError, TypeError):  # no source file (a frozen or compiled-only module): nothing baked in
-            return False
+        return hooks.carries_diff(self.id, module)
 
     def install(self, module: ModuleType, settings) -> Result:
-        """The patch's own change to ``module``; raise ``Drift`` if it has the wrong shape.
+        """The patch's own change to ``module``; raise ``Drift`` if it has the wrong shape. A wrap patch's comes
+        from its hooks (``runtime/hooks.py``); a patch without hooks writes its own.
 
         Must be idempotent and all-or-nothing: check everything before changing anything.
         """
+        if self.entry.row.hooks:
+            return hooks.install(self.entry.row, module, settings)
         raise NotImplementedError
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
@@ -98,7 +85,10 @@ class Patch:
         raise NotImplementedError
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        """With the targets imported (absent ones missing from ``modules``), is the patch in effect?"""
+        """With the targets imported (absent ones missing from ``modules``), is the patch in effect? A wrap patch's
+        answer comes from its hooks."""
+        if self.entry.row.hooks:
+            return hooks.check(self.entry.row, modules, settings)
         raise NotImplementedError
 
     def metadata(self) -> dict:
@@ -127,29 +117,10 @@ def get_patch(patch_id: str) -> Patch:
 
 def release_bounds(patch: Patch) -> tuple[str, str]:
     """The first and last release a patch covers, from its ``releases`` specifier (``>=FIRST,<=LAST``)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    specifiers = SpecifierSet(patch.releases)
-    lows = [s.version for s in specifiers if s.operator in (">=", "==")]
-    highs = [s.version for s in specifiers if s.operator in ("<=", "==")]
-    if not lows or not highs:
-        raise ValueError(f"{patch.id}: releases {patch.releases!r} does not name its first and last release")
-    return max(lows, key=Version), min(highs, key=Version)
+    return hooks.release_bounds(patch)
 
 
 def release_gate(patch: Patch, version: str | None) -> Result | None:
-    """``not-applicable`` naming the range where ``version`` is older than the first release the patch covers (it
-    was never written for it); None otherwise, also for a version that cannot be read. Statically
-    (``verify.check_source``) and at runtime (``Patch.apply``) alike."""
-    from packaging.version import InvalidVersion, Version
-
-    first, last = release_bounds(patch)
-    try:
-        older = version is not None and Version(version) < Version(first)
-    except InvalidVersion:
-        return None
-    if older:
-        return Result(NOT_APPLICABLE, f"sglang {version} is older than the releases this patch covers "
-                                      f"({first} to {last})")
-    return None
+    """``not-applicable`` where ``version`` is older than the first release the patch covers (``runtime/hooks.py``:
+    statically, ``verify.check_source``, and at runtime alike)."""
+    return hooks.release_gate(patch, version)

@@ -14,14 +14,10 @@ as a decorator, imported under a guard so that the patched file runs without sgl
 from __future__ import annotations
 
 import ast
-import sys
-from types import FunctionType, ModuleType
-from typing import Mapping
 
 from sglang_pcie.patching import baked
-from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
-from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, Drift, Patch, Result, is_patched
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, Patch, Result
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import agreement
 
@@ -175,33 +171,6 @@ class NodeAgreement(Patch):
         edits = SourceEdits(tree.source(PARALLEL_STATE))
         edits.insert_lines(first, GUARD + DECORATION, indent="")
         return {PARALLEL_STATE: edits.text()}
-
-    # -- runtime
-
-    def install(self, module: ModuleType, settings) -> Result:
-        function = vars(module).get(HOOK)
-        if not isinstance(function, FunctionType):
-            raise Drift(f"{module.__name__}.{HOOK} is missing")
-        problem = agreement.runtime_problem()
-        if problem:
-            raise Drift(problem)
-        wrapping.wrap_member(module, HOOK, self.wrapper(settings), self.id)
-        return Result(APPLIED, DETAIL)
-
-    def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        module = modules.get(PARALLEL_STATE)
-        if module is None:
-            return Result(DRIFTED, f"{PARALLEL_STATE} did not import")
-        if hasattr(module, DECORATOR):
-            return Result(APPLIED, "source carries the sglang-pcie diff")
-        function = getattr(module, HOOK, None)
-        if not is_patched(function, self.id):
-            return Result(DRIFTED, f"{HOOK} is not wrapped")
-        package = sys.modules.get(PACKAGE)
-        if package is not None and getattr(package, HOOK, function) is not function:
-            return Result(DRIFTED, f"{PACKAGE}.{HOOK} was bound before the hook ran: its callers get the unwrapped "
-                                 "function")
-        return Result(APPLIED, DETAIL)
 
 
 PATCH = NodeAgreement()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sglang_pcie.runtime import patch_table
 from sglang_pcie.runtime.patch_table import (  # noqa: F401  (the runtime half, re-exported)
-    DISABLE_PATCHES_REASON, OptIn, disabled_reason)
+    COVERED, COVERED_RELEASES, DISABLE_PATCHES_REASON, OptIn, disabled_reason)
 
 # The state of an upstream reference, as last checked (``checked`` on the entry).
 OPEN, MERGED, CLOSED, RELEASED, FIXED = "open", "merged", "closed without merging", "released", "closed as fixed"
@@ -34,7 +34,6 @@ class Reference:
 @dataclass(frozen=True)
 class Entry:
     id: str  # the id of its row in the runtime half (runtime/patch_table.py)
-    releases: str  # covered releases, a version specifier naming the first and the last
     summary: str
     why: str
     upstream: tuple[Reference, ...]
@@ -46,8 +45,8 @@ class Entry:
     static_method: str  # how it is checked statically against a source tree
     # Where the patch's mark (runtime.results.MARKER_ATTR) tells that it acts in a process, in a release whose sources
     # carry its baked diff: "module:Class.member" (or "module:function"), candidates in order, the first whose module
-    # defines it counting. tests/support/scripts/baked_switches.py reads it.
-    marked: tuple[str, ...] = ()
+    # defines it counting. tests/support/scripts/baked_switches.py reads it. A wrap patch's: its hooks' (``marked``).
+    marked_here: tuple[str, ...] = ()
     # True where SGLang itself tolerates a target failing to import (its model registry skips such model modules):
     # ``verify-patches --runtime`` then notes the failure instead of reporting an error.
     targets_may_fail_to_import: bool = False
@@ -56,6 +55,14 @@ class Entry:
     def row(self) -> patch_table.Row:
         """The runtime half of this entry: its row in ``runtime/patch_table.py``."""
         return patch_table.row(self.id)
+
+    @property
+    def releases(self) -> str:  # covered releases, a version specifier naming the first and the last
+        return self.row.releases
+
+    @property
+    def marked(self) -> tuple[str, ...]:
+        return self.marked_here or tuple(f"{hook.module}:{hook.member}" for hook in self.row.hooks)
 
     @property
     def module(self) -> str:  # the module defining PATCH
@@ -77,18 +84,6 @@ class Entry:
         return "; ".join([ref.text() for ref in self.upstream] + ([self.upstream_note] if self.upstream_note else []))
 
 
-# The SGLang releases every patch is checked and tested against, oldest first: the one place they are listed.
-# Adding a release is one line here, then the generated files: ci/prepare-release-diffs NEW (the diffs, or what
-# needs a human), ci/generate-diffs, ci/generate-docs, ci/check-sglang-releases ... --markdown-out COMPATIBILITY.md.
-COVERED_RELEASES = (
-    "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
-    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
-    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
-)
-# A patch's ``releases`` where it covers them all (a patch written for fewer names its own first and last).
-COVERED = f">={COVERED_RELEASES[0]},<={COVERED_RELEASES[-1]}"
-
-
 def covered_span() -> str:
     """The covered releases as people read them: ``0.5.8-0.5.23``."""
     return f"{COVERED_RELEASES[0]}-{COVERED_RELEASES[-1]}"
@@ -99,7 +94,6 @@ _SGLANG = "https://github.com/sgl-project/sglang"
 REGISTER = (
     Entry(
         id="sm120-allreduce-fusion",
-        releases=COVERED,
         summary=("FlashInfer all-reduce + residual + RMSNorm fusion on SM120 (opt-in): the gate, the backend "
                  "resolver and the workspace preflight admit SM120 where it can run"),
         why=("On 8 x RTX PRO 6000 Blackwell (SM120) over PCIe the fusion is never used: the gate admits only SM90 "
@@ -130,12 +124,11 @@ REGISTER = (
                        "query in the preflight loop (0.5.11+); the SM120 probe the helper calls "
                        "(get_platform().is_sm120 from 0.5.19, sglang.srt.utils.is_sm120_supported before) resolved "
                        "in the tree"),
-        marked=("sglang.srt.layers.flashinfer_comm_fusion:_sglang_pcie_sm120_opted_in",
-                "sglang.srt.layers.communicator:_sglang_pcie_sm120_opted_in"),
+        marked_here=("sglang.srt.layers.flashinfer_comm_fusion:_sglang_pcie_sm120_opted_in",
+                     "sglang.srt.layers.communicator:_sglang_pcie_sm120_opted_in"),
     ),
     Entry(
         id="eagle3-profile",
-        releases=COVERED,
         summary="EAGLE3_PROFILE=1: per-phase timers (draft, verify, re-extend, cycle) for SGLang's EAGLE workers",
         why=("A per-phase breakdown of one speculative cycle (draft 0.89 ms, verify 18.67 ms, re-extend 0.28 ms) "
              "showed that verify communication, not drafter quality, was the bottleneck. SGLang has no such "
@@ -151,11 +144,10 @@ REGISTER = (
                         "EAGLEWorker, EAGLEWorkerV2 and EagleDraftWorker by "
                         "sglang_pcie.runtime.eagle_profiler.wrap(...) wrappers; only when EAGLE3_PROFILE=1"),
         static_method="ast: classes and methods present, the cycle method calls every phase method",
-        marked=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
+        marked_here=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
     ),
     Entry(
         id="drafter-delegation",
-        releases=COVERED,
         summary=("EAGLE-3 drafters on wrapper target models (Kimi-K2.5 on 0.5.9 and more): forward the EAGLE-3 "
                  "methods"),
         why=("EAGLE-3 asks the target model to capture auxiliary hidden states and to share its embedding and LM "
@@ -178,11 +170,9 @@ REGISTER = (
         static_method=("ast of model_runner for every name the wrapper relies on; ast of the EAGLE workers for the "
                        "methods they call on the target; text outline of srt/models plus ast of the candidate "
                        "classes for the classes that would gain methods"),
-        marked=("sglang.srt.model_executor.model_runner:ModelRunner.load_model",),
     ),
     Entry(
         id="accept-length-alarm",
-        releases=COVERED,
         summary=("EAGLE runs: one warning per server (and a Prometheus gauge) when the drafter's drafts are almost "
                  "never accepted, naming the likely causes and the check-drafter command"),
         why=("Speculative decoding is lossless, so a broken drafter (a wrong d2t map, wrong aux hidden-state layer "
@@ -206,11 +196,9 @@ REGISTER = (
                        "recv_obj, every call of it (through self, an attribute of self or the class) inside an "
                        "`if ...finished:` branch; where it went when it is gone (the module and class now defining "
                        "it, the files now calling it)"),
-        marked=("sglang.srt.managers.tokenizer_manager:TokenizerManager._calculate_spec_decoding_metrics",),
     ),
     Entry(
         id="node-agreement",
-        releases=COVERED,
         summary=("multi-node servers: every node's NCCL and all-reduce-path settings compared once at start, before "
                  "NCCL's first collective; differing nodes named (SGLANG_PCIE_STRICT=1: the start stops)"),
         why=("Each node's launcher makes its own NCCL decision from its own GPUs, tuned file and shell. NCCL ranks "
@@ -238,11 +226,9 @@ REGISTER = (
                        "torch.distributed.init_process_group (without device_id) and runs no collective but behind a "
                        "launch option (named in the detail), the world group builds no PyNccl communicator, "
                        "initialize_model_parallel is there"),
-        marked=("sglang.srt.distributed.parallel_state:init_distributed_environment",),
     ),
     Entry(
         id="draft-token-watch",
-        releases=COVERED,
         summary=("EAGLE chain runs: one warning per server when target tokens the drafter proposes first are never "
                  "accepted (a partly wrong vocabulary map), naming them and the check-drafter command"),
         why=("A drafter with 10% of its d2t permuted within its hot set served identical text at accept length 2.51 "
@@ -263,7 +249,6 @@ REGISTER = (
                         "counts double and every 10 s; TP rank 0, top-k 1 only"),
         static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "
                        "fields in the worker module, draft_token in eagle_info"),
-        marked=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
     ),
 )
 

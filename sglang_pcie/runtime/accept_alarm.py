@@ -24,12 +24,14 @@ This module imports neither sglang nor torch.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import shlex
 import sys
 import types
 
-from sglang_pcie.runtime.results import mark
+from sglang_pcie.runtime.results import Drift, mark
+from sglang_pcie.runtime.wrapping import member
 
 PATCH_ID = "accept-length-alarm"
 LOG_PREFIX = "sglang-pcie accept-length-alarm"
@@ -47,6 +49,24 @@ MIN_REQUESTS = 8  # finished requests before anything is judged: one odd request
 WORKING_FIRST_DRAFT = 0.3  # first-draft acceptance of the poorest drafters that still pay (docs: the step table)
 
 WATCHING, ALARMED, DONE, OFF = "watching", "alarmed", "done", "off"
+
+
+def owner(tokenizer_manager: types.ModuleType, manager: type) -> type:
+    """The class the hook (``runtime/patch_table.py``) wraps: TokenizerManager where attribute lookup finds
+    ``HOOK`` on it; otherwise the one other class ``tokenizer_manager`` binds (imports or defines) that has it,
+    where a split into component classes moved it (the static check follows the same way)."""
+    if member(manager, HOOK) is not None:
+        return manager
+    components = []
+    for value in vars(tokenizer_manager).values():
+        if inspect.isclass(value) and value is not manager and value not in components \
+                and inspect.isfunction(member(value, HOOK)):
+            components.append(value)
+    if len(components) > 1:
+        raise Drift(f"{manager.__name__}.{HOOK} is missing; moved to more than one class "
+                    f"{tokenizer_manager.__name__} uses: "
+                    + ", ".join(f"{c.__module__}.{c.__qualname__}.{HOOK}" for c in components))
+    return components[0] if components else manager
 
 
 def wrap(function, settings=None):

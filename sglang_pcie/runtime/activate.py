@@ -3,17 +3,17 @@ loader from 0.5.11).  Idempotent: whatever path calls it, each patch is applied 
 
 What it reads: the settings (once, ``settings.for_process``; handed down to the NCCL decision and to every patch),
 the NCCL decision (which reads the tuned file once) and the runtime half of the patch register
-(``patch_table``), which is data. A patch's own module is imported only when one of its target modules is
-imported, and only if the patch is wanted here.
+(``patch_table``), which is data. A wrap patch is applied from its hooks there (``runtime/hooks.py``); a patch with
+an install of its own (its module under ``patching/``) has that module imported only when one of its target modules
+is imported, and only if the patch is wanted here.
 """
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 from types import ModuleType
 
-from sglang_pcie.runtime import patch_table
+from sglang_pcie.runtime import hooks, patch_table
 from sglang_pcie.runtime.results import DRIFTED, ERROR, FAILING_STATUSES, Drift, Result, StrictModeError
 from sglang_pcie.runtime.settings import DISABLE_VAR, for_process, unknown_patch_ids
 
@@ -71,7 +71,7 @@ def activate() -> bool:
 
 def _apply(row: patch_table.Row, settings, module: ModuleType) -> None:
     try:
-        result = importlib.import_module(row.module).PATCH.apply(module, settings)
+        result = hooks.apply(row, module, settings)
     except Drift as exc:
         result = Result(DRIFTED, str(exc))
     except Exception as exc:  # a broken patch must not break SGLang's import

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from datetime import timedelta
 from typing import Callable, Mapping
 
@@ -32,6 +33,8 @@ from sglang_pcie.runtime.agreement_record import PATCH_ID, PREFIX, Record, own_r
 from sglang_pcie.runtime.agreement_verdict import SHOWN_CHARS, Verdict, ranks_text, verdict
 from sglang_pcie.runtime.results import StrictModeError, mark
 
+PACKAGE = "sglang.srt.distributed"  # star-imports parallel_state: callers import the hook from there
+HOOK = "init_distributed_environment"
 KEY = "sglang-pcie/node-agreement/v2/rank-"  # one key per rank in the default store (v2: values carry digests)
 WAIT_S = 60.0  # ranks reach the check within seconds of each other: gloo connected all of them just before
 
@@ -162,6 +165,20 @@ def runtime_problem() -> str | None:
         return f"torch.distributed does not import: {exc}"
     if not callable(getattr(distributed_c10d, "_get_default_store", None)):
         return "torch.distributed has no _get_default_store (the store the nodes' settings travel through)"
+    return None
+
+
+def hook_problem(parallel_state) -> str | None:
+    """Why the hook (``runtime/patch_table.py``) would not be in effect: a torch without the store the nodes'
+    settings travel through, or ``sglang.srt.distributed`` (which star-imports ``parallel_state``, callers import
+    the hook from there) holding another function than ``parallel_state`` does (bound before the hook ran)."""
+    problem = runtime_problem()
+    if problem:
+        return problem
+    package = sys.modules.get(PACKAGE)
+    function = getattr(parallel_state, HOOK, None)
+    if package is not None and getattr(package, HOOK, function) is not function:
+        return f"{PACKAGE}.{HOOK} was bound before the hook ran: its callers get the unwrapped function"
     return None
 
 

@@ -22,6 +22,11 @@ from sglang_pcie.runtime import patch_table
 from sglang_pcie.runtime.results import mark
 
 
+def guard_name(patch_id: str) -> str:
+    """The module-level name a diff binds its patch's guard to: ``_sglang_pcie_<id with underscores>``."""
+    return "_sglang_pcie_" + patch_id.replace("-", "_")
+
+
 def guard(patch_id: str) -> Callable:
     """The decorator factory a baked diff binds for ``patch_id``: ``guard(id)(*args)(original)``."""
     def decorator(*args) -> Callable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import logging
 import sys
 import textwrap
 
@@ -20,6 +21,14 @@ PATCH_ID = "drafter-delegation"
 CAPABLE = ("set_eagle3_layers_to_capture", "get_embed_and_head")
 # What EAGLE asks of a target model (read off the workers, model runners and graph runners of 0.5.8-0.5.23).
 METHODS = CAPABLE + ("set_embed_and_head", "get_embed_and_head_for_draft")
+
+
+def hook_problem(model_runner) -> str | None:
+    """Why the hook (``runtime/patch_table.py``) would not work in ``model_runner``: what is said is logged to the
+    module's own ``logger``."""
+    if not isinstance(getattr(model_runner, "logger", None), logging.Logger):
+        return f"{model_runner.__name__} has no module-level logger"
+    return None
 
 
 def wrap(load_model, settings=None):

@@ -1,15 +1,26 @@
 """The runtime half of the patch register: per patch, what a process needs to decide whether the patch acts here
-and how (its id, the module defining it, the payload its install and its baked diff both apply, the modules whose
-import applies it, its opt-in), and the one gate every patch passes (``disabled_reason``).
+and how (its id, the payload its install and its baked diff both apply, the releases it covers, its hook points or
+the module holding its own install, its opt-in), and the one gate every patch passes (``disabled_reason``).
 
 Activation and the baked diffs' guard read it in every SGLang process, so it is data and imports nothing of
 sglang-pcie (nothing else but ``dataclasses``). The other half, what people read (why, upstream references, the
-releases covered, the removal condition), is ``sglang_pcie/patching/register.py``: one ``Entry`` per row here, in
-the same order, whose ``module``, ``payload``, ``targets`` and ``opt_in`` are this table's.
+removal condition), is ``sglang_pcie/patching/register.py``: one ``Entry`` per row here, in the same order, whose
+runtime fields are this table's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# The SGLang releases every patch is checked and tested against, oldest first: the one place they are listed.
+# Adding a release is one line here, then the generated files: ci/prepare-release-diffs NEW (the diffs, or what
+# needs a human), ci/generate-diffs, ci/generate-docs, ci/check-sglang-releases ... --markdown-out COMPATIBILITY.md.
+COVERED_RELEASES = (
+    "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
+    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+# A patch's ``releases`` where it covers them all (a patch written for fewer names its own first and last).
+COVERED = f">={COVERED_RELEASES[0]},<={COVERED_RELEASES[-1]}"
 
 
 @dataclass(frozen=True)
@@ -21,17 +32,54 @@ class OptIn:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """One member of SGLang a wrap patch replaces by ``payload(original, *args, settings=...)``: declared once,
+    read by the runtime install and check (``runtime/hooks.py``), the baked diff's lines and ``marked``."""
+    module: str  # the module whose import applies it
+    member: str  # "function" (module level) or "Class.method" (own or inherited, wrapped on the class)
+    says: str  # the detail while it is in effect ("{member}": where it was found, e.g. a component class's)
+    args: tuple = ()  # handed to the payload after the original
+    parameters: tuple[str, ...] = ()  # the leading parameters the member must take
+    own: bool = False  # the class must define the method itself (inherited is drift)
+    # "module:function" (module, cls) -> the class to wrap, where SGLang may have moved the method to another class
+    owner: str = ""
+    # "module:function" (module) -> why the hook would not be in effect here, or None; asked before wrapping and by
+    # the runtime check
+    problem: str = ""
+    optional: bool = False  # a release may lack the module (the patch is then not applicable there)
+    # where the baked diff binds the guard: "decorate" (above the member, the guard before its class or function),
+    # "after-class" (a rebinding line after the class) or "at-end" (a rebinding line at the end of the module)
+    diff: str = "decorate"
+
+    @property
+    def cls(self) -> str:
+        return self.member.rpartition(".")[0]
+
+    @property
+    def name(self) -> str:
+        return self.member.rpartition(".")[2]
+
+
+@dataclass(frozen=True)
 class Row:
     id: str
-    module: str  # the module defining PATCH (loaded only when a target is imported and the patch is wanted)
     # "module:function": ``function(original, *args, settings=settings)`` returns what replaces ``original``; the
-    # runtime install (``Patch.wrapper``) and a baked diff's guard (runtime/baked.py) call it alike, each handing
-    # down the settings the patch was gated with.
+    # runtime install and a baked diff's guard (runtime/baked.py) call it alike, each handing down the settings the
+    # patch was gated with.
     payload: str
-    targets: tuple[str, ...]  # modules whose import applies the patch
+    hooks: tuple[Hook, ...] = ()  # a wrap patch's hook points; () for a patch with an install of its own
+    # the module defining PATCH: its static check and diff (patching/), and the install of a patch without hooks
+    module: str = ""
+    targets: tuple[str, ...] = ()  # modules whose import applies the patch; () = those of its hooks
     opt_in: OptIn | None = None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
+    releases: str = COVERED  # covered releases, a version specifier naming the first and the last
+
+    def __post_init__(self):
+        if not self.targets:
+            object.__setattr__(self, "targets", tuple(dict.fromkeys(hook.module for hook in self.hooks)))
 
 
+_PROPOSED = "first drafts per token, sampled"
 TABLE = (
     Row(id="sm120-allreduce-fusion",
         module="sglang_pcie.patching.sm120_allreduce_fusion",
@@ -48,19 +96,32 @@ TABLE = (
     Row(id="drafter-delegation",
         module="sglang_pcie.patching.drafter_delegation",
         payload="sglang_pcie.runtime.drafter_delegation:wrap",
-        targets=("sglang.srt.model_executor.model_runner",)),
+        hooks=(Hook("sglang.srt.model_executor.model_runner", "ModelRunner.load_model", own=True,
+                    problem="sglang_pcie.runtime.drafter_delegation:hook_problem", diff="after-class",
+                    says="ModelRunner.load_model wrapped: acts once an EAGLE run's target model is loaded"),)),
     Row(id="accept-length-alarm",
         module="sglang_pcie.patching.accept_length_alarm",
         payload="sglang_pcie.runtime.accept_alarm:wrap",
-        targets=("sglang.srt.managers.tokenizer_manager",)),
+        hooks=(Hook("sglang.srt.managers.tokenizer_manager", "TokenizerManager._calculate_spec_decoding_metrics",
+                    parameters=("self", "meta_info", "recv_obj", "i"), owner="sglang_pcie.runtime.accept_alarm:owner",
+                    says="watching {member} (one warning per server when EAGLE drafts are almost never accepted)"),)),
     Row(id="node-agreement",
         module="sglang_pcie.patching.node_agreement",
         payload="sglang_pcie.runtime.agreement:wrap",
-        targets=("sglang.srt.distributed.parallel_state",)),
+        hooks=(Hook("sglang.srt.distributed.parallel_state", "init_distributed_environment",
+                    problem="sglang_pcie.runtime.agreement:hook_problem",
+                    says="init_distributed_environment wrapped: in a server spanning nodes, every node's NCCL settings "
+                         "are compared once, before NCCL's first collective"),)),
     Row(id="draft-token-watch",
         module="sglang_pcie.patching.draft_token_watch",
         payload="sglang_pcie.runtime.draft_watch:wrap",
-        targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2")),
+        hooks=(Hook("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2.verify", args=("v2",),
+                    parameters=("self", "batch"), optional=True, diff="at-end",
+                    says=f"watching v2 EAGLEWorkerV2.verify ({_PROPOSED}; reads accept_lens)"),
+               Hook("sglang.srt.speculative.eagle_worker", "EAGLEWorker.verify", args=("v1",),
+                    parameters=("self", "batch"), optional=True, diff="at-end",
+                    says=f"watching v1 EAGLEWorker.verify ({_PROPOSED}; reads accept_length_per_req_cpu or "
+                         "num_accepted_drafts_per_req_cpu or num_correct_drafts_per_req_cpu)"))),
 )
 
 

@@ -217,12 +217,15 @@ class {CLASS}(Mixin):
 """
 
 
+SAYS = " (one warning per server when EAGLE drafts are almost never accepted)"
+
+
 @pytest.mark.parametrize("body, result", [(OWN, "own"), (INHERITED, "inherited")])
 def test_install_wraps_the_hook_on_the_class_once(body, result):
     module = _module(body)
     cls = getattr(module, CLASS)
     original = next(c.__dict__[HOOK] for c in cls.__mro__ if HOOK in c.__dict__)
-    assert PATCH.install(module, None) == Result(APPLIED, f"watching {CLASS}.{HOOK}")
+    assert PATCH.install(module, None) == Result(APPLIED, f"watching {CLASS}.{HOOK}{SAYS}")
     wrapped = cls.__dict__[HOOK]
     assert is_patched(wrapped, PATCH.id) and wrapped.__wrapped__ is original
     assert PATCH.install(module, None).status == APPLIED and cls.__dict__[HOOK] is wrapped  # idempotent
@@ -254,7 +257,7 @@ def test_check_runtime_says_disabled_or_not_watched():
     assert PATCH.check_runtime({}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": "accept-length-alarm"})) == \
         Result(DISABLED, "listed in SGLANG_PCIE_DISABLE_PATCHES")
     assert PATCH.check_runtime({MODULE: _module(OWN)}, load_settings({})) == \
-        Result(DRIFTED, f"{CLASS}.{HOOK} is not watched in this process")
+        Result(DRIFTED, f"not in effect in this process: {CLASS}.{HOOK} is not wrapped")
 
 
 class Recording:
@@ -283,11 +286,10 @@ def _split_modules():
 def test_install_follows_the_hook_to_the_component_class():
     manager, component = _split_modules()
     original = component.__dict__[HOOK]
-    assert PATCH.install(manager, None) == Result(APPLIED, f"watching {COMPONENT_HOOK}")
+    assert PATCH.install(manager, None) == Result(APPLIED, f"watching {COMPONENT_HOOK}{SAYS}")
     assert is_patched(component.__dict__[HOOK], PATCH.id) and component.__dict__[HOOK].__wrapped__ is original
     assert HOOK not in vars(getattr(manager, CLASS))
-    assert PATCH.check_runtime({MODULE: manager}, load_settings({})) == Result(APPLIED, (
-        f"watching {COMPONENT_HOOK} (one warning per server when EAGLE drafts are almost never accepted)"))
+    assert PATCH.check_runtime({MODULE: manager}, load_settings({})) == Result(APPLIED, f"watching {COMPONENT_HOOK}{SAYS}")
     watch = Recording()
     aa.set_watch(watch)
     try:  # through an attribute of the manager, and through the class: both are the watched call

@@ -102,12 +102,13 @@ def test_check_runtime_says_disabled_when_switched_off_and_names_what_is_not_wat
     assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE": "1"})) == \
         Result(DISABLED, "SGLANG_PCIE_DISABLE is set")
     on = load_settings({})
-    assert PATCH.check_runtime({}, on) == Result(NOT_APPLICABLE, "no EAGLE worker module in this release")
+    assert PATCH.check_runtime({}, on) == Result(NOT_APPLICABLE, f"none of {V2}, {V1} in this release")
     old, _ = _module(V1, lambda self, batch: None)
-    assert PATCH.check_runtime({V1: old, V2: module}, on) == \
-        Result(DRIFTED, "not watched: EAGLEWorker.verify, EAGLEWorkerV2.verify")
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, (
+        "not in effect in this process: EAGLEWorkerV2.verify is not wrapped; EAGLEWorker.verify is not wrapped"))
     PATCH.install(module, on)
-    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, "not watched: EAGLEWorker.verify")
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(
+        DRIFTED, "not in effect in this process: EAGLEWorker.verify is not wrapped")
     assert PATCH.check_runtime({V2: module}, on) == Result(APPLIED, (
         "watching v2 EAGLEWorkerV2.verify (first drafts per token, sampled; reads accept_lens)"))
     assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})).status == \

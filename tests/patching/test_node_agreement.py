@@ -21,12 +21,12 @@ from support.releases import release_copy
 from sglang_pcie.patching import baked
 from sglang_pcie.patching import node_agreement as na
 from sglang_pcie.patching.diffs import diff_for
-from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, Drift
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, Drift, Result
 from sglang_pcie.patching.node_agreement import PATCH
 from sglang_pcie.patching.releases import COVERED_RELEASES
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import agreement
-from sglang_pcie.runtime.results import is_patched
+from sglang_pcie.runtime.results import is_patched, mark
 from sglang_pcie.tools.processes import free_port
 
 STATE_FILE = "sglang/srt/distributed/parallel_state.py"
@@ -225,8 +225,14 @@ def test_check_runtime_names_a_caller_left_with_the_unwrapped_function(monkeypat
     monkeypatch.setitem(sys.modules, na.PACKAGE, package)
     result = PATCH.check_runtime({na.PARALLEL_STATE: module}, None)
     assert result.status == DRIFTED and "bound before the hook ran" in result.detail
+    # a baked diff: its guard marks what it replaced; where it met an error it left SGLang's own, and says so
+    monkeypatch.delitem(sys.modules, na.PACKAGE)
     baked = state_module()
     setattr(baked, na.DECORATOR, lambda f: f)
+    assert PATCH.check_runtime({na.PARALLEL_STATE: baked}, None) == Result(
+        DRIFTED, "not in effect in this process: init_distributed_environment is not wrapped (its baked guard left "
+                 "it as SGLang ships it)")
+    mark(baked.init_distributed_environment, PATCH.id)
     assert PATCH.check_runtime({na.PARALLEL_STATE: baked}, None).status == APPLIED
 
 

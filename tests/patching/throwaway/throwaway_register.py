@@ -10,7 +10,6 @@ ROW = patch_table.Row(id="throwaway-shout", module="throwaway_shout", payload="t
                       targets=("sglang.srt.toy",))
 ENTRY = register.Entry(
     id="throwaway-shout",
-    releases=register.COVERED,
     summary="a test's throw-away patch: the fake release's greet shouts",
     why="tests/patching/test_throwaway_patch.py runs the generic machinery over a patch that is no part of it",
     upstream=(),
