@@ -82,9 +82,12 @@ work() {
   echo "tune-spec exit $?" >> $W/tune.stdout
   [ "${PAIRS:-2}" = 0 ] && { stamp done; touch $W/DONE; return; }
   stamp sweep
+  # the table only where the search wrote one (it writes none where one fixed chain leads every level)
+  TABLE=(); [ -f $W/tune/adaptive-config.json ] && TABLE=(--table $W/tune/adaptive-config.json)
+  CANDIDATES=$SWEEP_CANDIDATES; [ ${#TABLE[@]} = 0 ] && CANDIDATES=${CANDIDATES//,table/}
   ( time python3 -m sglang_pcie tune-spec --out $W/sweep --steps 1,3,5,7 --sweep "${PAIRS:-2}" --no-warmup \
-      ${SWEEP_CANDIDATES:+--candidates "$SWEEP_CANDIDATES"} \
-      --table $W/tune/adaptive-config.json --budget-minutes 40 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
+      ${CANDIDATES:+--candidates "$CANDIDATES"} \
+      "${TABLE[@]}" --budget-minutes 40 "${LEVELS[@]}" -- "${LAUNCH[@]}" ) \
       > $W/sweep.stdout 2> $W/sweep.stderr
   echo "sweep exit $?" >> $W/sweep.stdout
   stamp done
