@@ -39,3 +39,47 @@ def rebinding(patch_id: str, target: str, *args) -> str:
 def decorator_call(patch_id: str, *args) -> str:
     """The decorator expression as ``ast.unparse`` writes it: ``_sglang_pcie_<id>(*args)``."""
     return f"{guard_name(patch_id)}({', '.join(repr(a) for a in args)})"
+
+
+def hook_diffs(row, tree) -> dict[str, str]:
+    """The baked diff of a wrap patch, derived from its hooks (``runtime/patch_table.py``): {module: new source}
+    for each hook module the tree has whose source does not carry the patch's lines yet. Where each hook's guard
+    goes (``Hook.diff``):
+
+    * ``decorate``: the guard block before the hook's class (or function), once per module, and the decorator above
+      the member (the class's own method: an inherited one has nothing to decorate, a patch of its own writes that);
+    * ``after-class``: the guard block and a rebinding line after the class, a hunk whose context is the class's
+      last lines rather than the method's, which changes more often;
+    * ``at-end``: the guard block and a rebinding line appended to the module.
+    """
+    from sglang_pcie.patching.edits import SourceEdits
+
+    marker = f"{DIFF_MARKER} {row.id}"
+    out = {}
+    for module in dict.fromkeys(hook.module for hook in row.hooks):
+        source = tree.source(module)
+        if source is None or marker in source:
+            continue
+        edits, guarded = SourceEdits(source), False
+        for hook in (h for h in row.hooks if h.module == module):
+            owner = tree.find_class(module, hook.cls)[1] if hook.cls else tree.function(module, hook.name)
+            if hook.diff == "after-class":
+                edits.insert_lines(owner.end_lineno + 1, "\n\n" + guard_block(row.id) + "\n\n"
+                                   + rebinding(row.id, hook.member, *hook.args), indent="")
+            elif hook.diff == "at-end":
+                edits.insert_lines(len(source.splitlines()) + 1, "\n\n" + guard_block(row.id)
+                                   + rebinding(row.id, hook.member, *hook.args), indent="")
+            else:
+                member = tree.function(module, hook.member)
+                first = min([owner.lineno] + [d.lineno for d in owner.decorator_list])
+                guard = "" if guarded else guard_block(row.id) + "\n\n"
+                if owner is member:  # a module-level function: the guard and the decorator in one block
+                    edits.insert_lines(first, guard + decorator(row.id, *hook.args), indent="")
+                else:
+                    if guard:
+                        edits.insert_lines(first, guard, indent="")
+                    edits.insert_lines(min([member.lineno] + [d.lineno for d in member.decorator_list]),
+                                       decorator(row.id, *hook.args))
+            guarded = True
+        out[module] = edits.text()
+    return out

@@ -17,8 +17,7 @@ from __future__ import annotations
 import ast
 
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, Patch, Result
-from sglang_pcie.patching import baked, register
-from sglang_pcie.patching.edits import SourceEdits
+from sglang_pcie.patching import register
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
 from sglang_pcie.runtime import draft_watch
@@ -73,12 +72,6 @@ class DraftTokenWatch(Patch):
             return Result(NOT_APPLICABLE, "no EAGLE worker module (srt/speculative/eagle_worker*.py)")
         return Result(APPLICABLE, "watches " + "; ".join(_describe(m) for m in present))
 
-    def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        if self.check_source(tree).status != APPLICABLE:
-            return {}
-        present, _ = self._inspect(tree)
-        return {module: _append_binding(tree, module) for module in present if COMMENT not in tree.source(module)}
-
 
 PATCH = DraftTokenWatch()
 
@@ -120,14 +113,3 @@ def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> lis
         problems.append(f"{cls_name}'s verify result carries none of {', '.join(fields)} (the accepted drafts the "
                         "watch reads)")
     return problems
-
-
-def _append_binding(tree: SourceTree, module: str) -> str:
-    """The module's source with the guard and the line wrapping ``<class>.verify`` appended at its end."""
-    kind, cls_name, _ = TARGETS[module]
-    source = tree.source(module)
-    edits = SourceEdits(source)
-    end = len(source.splitlines())
-    edits.insert_lines(end + 1, "\n\n" + baked.guard_block(PATCH_ID)
-                       + baked.rebinding(PATCH_ID, f"{cls_name}.{METHOD}", kind), indent="")
-    return edits.text()

@@ -28,7 +28,6 @@ from typing import Callable, Iterable
 from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, UPSTREAM, Patch,
                                          Result)
 from sglang_pcie.patching import baked
-from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import drafter_delegation as payload
 
@@ -360,15 +359,6 @@ def hook_problems(tree: SourceTree) -> list[str]:
     return problems
 
 
-def _guard_load_model(tree: SourceTree) -> str:
-    """model_runner's source with the guard, applied to ``ModelRunner.load_model``, right after the class (a hunk
-    whose context is the class's last lines, not ``def load_model``, which changes more often)."""
-    cls = _runner_class(tree)
-    edits = SourceEdits(tree.source(MODEL_RUNNER))
-    edits.insert_lines(cls.end_lineno + 1, "\n\n" + GUARD + INSTALL_LINE, indent="")
-    return edits.text()
-
-
 class DrafterDelegation(Patch):
     id = PATCH_ID
 
@@ -376,11 +366,6 @@ class DrafterDelegation(Patch):
 
     def check_source(self, tree: SourceTree) -> Result:
         return self._assess(tree)[0]
-
-    def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        if self.check_source(tree).status != APPLICABLE:
-            return {}
-        return {MODEL_RUNNER: _guard_load_model(tree)}
 
     def _assess(self, tree: SourceTree) -> tuple[Result, list[Wrapper]]:
         """check_source's result, with the classes that would gain methods."""

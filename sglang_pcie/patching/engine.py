@@ -19,7 +19,7 @@ import importlib
 from types import ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching import register
+from sglang_pcie.patching import baked, register
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import hooks
 from sglang_pcie.runtime.results import (  # noqa: F401  (the patches' vocabulary, re-exported)
@@ -78,10 +78,13 @@ class Patch:
         raise NotImplementedError
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        """The source-level equivalent of ``apply``: {module name: new source}; {} where none is needed.
+        """The source-level equivalent of ``apply``: {module name: new source}; {} where none is needed. A wrap
+        patch's comes from its hooks (``baked.hook_diffs``) where its static check finds it applicable.
 
         ``ci/generate-diffs`` turns it into ``diffs/<release>/<id>.diff``.
         """
+        if self.entry.row.hooks:
+            return baked.hook_diffs(self.entry.row, tree) if self.check_source(tree).status == APPLICABLE else {}
         raise NotImplementedError
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:

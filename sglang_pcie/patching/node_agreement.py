@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 
 from sglang_pcie.patching import baked
-from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, Patch, Result
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.runtime import agreement
@@ -162,15 +161,6 @@ class NodeAgreement(Patch):
                   "process group: NCCL where that is the backend)") if conditional else ""
         return Result(APPLICABLE, f"wraps parallel_state.{HOOK}: when it returns the world group exists and no NCCL "
                                   f"collective has run (the first is in {NEXT}, called next){caveat}")
-
-    def rewrite(self, tree: SourceTree) -> dict[str, str]:
-        if self.check_source(tree).status != APPLICABLE:
-            return {}
-        hook = tree.function(PARALLEL_STATE, HOOK)
-        first = min([hook.lineno] + [d.lineno for d in hook.decorator_list])
-        edits = SourceEdits(tree.source(PARALLEL_STATE))
-        edits.insert_lines(first, GUARD + DECORATION, indent="")
-        return {PARALLEL_STATE: edits.text()}
 
 
 PATCH = NodeAgreement()

@@ -430,7 +430,7 @@ def watching(request, sglang_env, pristine_source, tmp_path_factory):
 def test_the_hook_is_wrapped_on_import_with_nothing_opted_in(watching):
     version, out = watching
     assert out["marker"] == "accept-length-alarm" and out["inner_own_file"], version
-    assert out["activation"] == {MODULE: [APPLIED, f"watching {CLASS}.{HOOK}"]}
+    assert out["activation"] == {MODULE: [APPLIED, f"watching {CLASS}.{HOOK}{SAYS}"]}
     assert out["switched_off"] is None and out["check_runtime"] == APPLIED
 
 

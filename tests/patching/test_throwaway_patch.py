@@ -4,14 +4,16 @@ what ``ci/generate-diffs`` writes), ``apply-diffs`` and its reverse, the baked d
 activation on import (the settings handed down reaching the payload), ``verify-patches --runtime``, and the docs
 table.
 
-The files the throw-away patch needed (``tests/patching/throwaway/``), each standing for one file of a real patch:
+The files the throw-away patch needed (``tests/patching/throwaway/``), each standing for one file of a real wrap
+patch, six by hand in all:
 
-* ``throwaway_shout.py``: the patch (``check_source``, ``rewrite``, ``install``, ``check_runtime``), as
-  ``sglang_pcie/patching/<id>.py``;
+* ``throwaway_shout.py``: the patch's static check (``check_source``), as ``sglang_pcie/patching/<id>.py``; its
+  install, runtime check, diff lines and ``marked`` come from its hook;
 * ``throwaway_shout_payload.py``: what runs in SGLang, as ``sglang_pcie/runtime/<payload>.py``;
-* ``throwaway_register.py``: its ``Row`` (``runtime/patch_table.py``) and ``Entry`` (``patching/register.py``);
-* this test, as ``tests/patching/test_<id>.py``; (a real patch adds ``docs/<id>.md``, its mutations and the
-  generated files: its diffs, docs/patches.md, COMPATIBILITY.md).
+* ``throwaway_register.py``: its ``Row`` with its ``Hook`` (``runtime/patch_table.py``) and ``Entry``
+  (``patching/register.py``): two files of a real patch;
+* this test, as ``tests/patching/test_<id>.py``; a real patch adds ``docs/<id>.md`` (the sixth), then the generated
+  files: its diffs, docs/patches.md, COMPATIBILITY.md.
 
 ``sitecustomize.py`` there is the test's plumbing: it installs the temporary register in child interpreters.
 The fake release is written by the test: ``sglang`` 0.5.23 with one module, ``sglang.srt.toy``.
@@ -107,6 +109,7 @@ def last_json(proc: subprocess.CompletedProcess):
 def test_the_machinery_reads_the_temporary_register(temporary_register):
     assert [p.id for p in engine.all_patches()] == [PATCH_ID] == register.ids() == patch_table.ids()
     assert temporary_register.targets == ("sglang.srt.toy",) and temporary_register.entry.payload.endswith(":wrap")
+    assert temporary_register.entry.marked == ("sglang.srt.toy:greet",)  # derived from its hook
     page = pages.patches_page()
     assert f"| `{PATCH_ID}` | a test's throw-away patch" in page and f"Page: [docs/{PATCH_ID}.md]({PATCH_ID}.md)" in page
 

@@ -24,6 +24,20 @@ def test_import_sglang_activates_launcher_and_spawned_workers(sglang_env, versio
 
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_server_with_the_defaults_loads_nothing_of_patching(sglang_env, version):
+    """runtime/ is everything that runs in a server: the default patches install from their hooks (data), so a
+    process importing every target module of the defaults loads no ``sglang_pcie.patching`` module, and each default
+    patch is applied there."""
+    state = sglang_env(version).run_script_json("default_imports.py")
+    assert [m for m in state["loaded"] if m.startswith("sglang_pcie.patching")] == []
+    assert "sglang_pcie.runtime.hooks" in state["loaded"]
+    assert state["switched_off"] == ["eagle3-profile", "sm120-allreduce-fusion"]  # the two opt-ins
+    defaults = {"drafter-delegation", "accept-length-alarm", "node-agreement", "draft-token-watch"}
+    assert set(state["results"]) == defaults
+    assert all(status == "applied" for results in state["results"].values() for status in results.values()), state
+
+
 def test_invalid_profile_warns_once_and_applies_nothing(sglang_env):
     proc = sglang_env("0.5.23").run_script("nccl_environment.py", env={"SGLANG_PCIE_NCCL_PROFILE": "fastest"})
     assert proc.returncode == 0, proc.stderr

@@ -7,7 +7,7 @@ from sglang_pcie.patching import register
 from sglang_pcie.runtime import patch_table
 
 ROW = patch_table.Row(id="throwaway-shout", module="throwaway_shout", payload="throwaway_shout_payload:wrap",
-                      targets=("sglang.srt.toy",))
+                      hooks=(patch_table.Hook("sglang.srt.toy", "greet", says="greet shouts"),))
 ENTRY = register.Entry(
     id="throwaway-shout",
     summary="a test's throw-away patch: the fake release's greet shouts",
