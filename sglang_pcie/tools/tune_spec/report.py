@@ -59,12 +59,19 @@ def _level(candidates, run, settings, level, model, mean_server_s) -> dict:
     best = statistics.median(values(run, ranked[0], level)) if ranked else None
     higher = {n: v for n, (v, how) in estimates(candidates, run, level, model).items()
               if how == "predicted" and best is not None and v > best}
+    gone = failed(run)
+    # what no server measured and the model cannot predict (SGLang's adaptive steps, the user's own table or
+    # setting): it may lead by any amount, so the answer names it (the table written by this run is the proof's)
+    unpredicted = [c.name for c in candidates if not c.modelled and c.kind != "tuned" and c.name not in gone
+                   and not values(run, c.name, level)]
     return {"label": label(level), "rows": rows, "comparison": comparison, "answer": answer,
             "verdict": verdict_line(ranked, comparison, settings),
             "model": model.as_dict([c.steps for c in candidates if c.modelled]),
             "unmeasured_higher": {n: {"predicted": v, "servers": 1,
                                       "minutes": None if mean_server_s is None else mean_server_s / 60}
                                   for n, v in sorted(higher.items(), key=lambda kv: -kv[1])},
+            "unmeasured_unpredicted": {n: {"servers": 1, "minutes": None if mean_server_s is None
+                                           else mean_server_s / 60} for n in unpredicted},
             "no_speculation_best": answer == NONE,
             "break_even": _break_even(model, candidates) if answer == NONE else None}
 
@@ -145,13 +152,16 @@ def _level_lines(result: dict, level: int) -> list[str]:
     lines = [result["label"],
              f"  {'candidate':<10} {'predicted':>10} {'measured':>10} {'95% interval (n>=3)':>21} {'min-max':>19}"
              f" {'n':>3}  note"]
+    unpredicted = result.get("unmeasured_unpredicted", {})
     for row in result["rows"]:
-        if row["n"] == 0 and row["predicted"] is None and not row["failed"]:
+        if row["n"] == 0 and row["predicted"] is None and not row["failed"] and row["candidate"] not in unpredicted:
             continue
         interval = row["interval"]
         cell = "-" if not interval or row["n"] < 3 else f"[{interval[0]:.1f}-{interval[1]:.1f}]"
         spread = f"{min(row['values']):.1f}-{max(row['values']):.1f}" if row["n"] >= 2 else "-"
-        note = "FAILED" if row["failed"] else ("answer" if row["candidate"] == result["answer"] else "")
+        note = "FAILED" if row["failed"] else ("answer" if row["candidate"] == result["answer"] else
+                                               "NOT measured: the model cannot predict it"
+                                               if row["candidate"] in unpredicted else "")
         if row["predicted"] is not None and row["measured"] is not None:
             note = (note + " " if note else "") + f"measured/predicted {row['measured'] / row['predicted']:.3f}"
         lines.append(f"  {row['candidate']:<10} {_num(row['predicted']):>10} {_num(row['measured']):>10}"
@@ -166,7 +176,12 @@ def _level_lines(result: dict, level: int) -> list[str]:
         lines.append(f"  step time per request-verify: {model['tau_ms']['alpha']:.3f} + {model['tau_ms']['beta']:.3f}"
                      f" ms per draft step (chains measured at {', '.join(map(str, model['depths_measured']))} steps)")
     lines.append(f"  verdict: {result['verdict']}")
-    lines.append(f"  answer at {level_name(level)}: {result['answer'] or '-'} (measured)")
+    among = f", among those measured; {', '.join(unpredicted)} not measured" if unpredicted and result["answer"] else ""
+    lines.append(f"  answer at {level_name(level)}: {result['answer'] or '-'} (measured{among})")
+    for name, more in unpredicted.items():
+        cost = f", about {more['minutes']:.1f} min" if more["minutes"] else ""
+        lines.append(f"  not measured: {name}, which the model cannot predict: it may lead by any amount; one server"
+                     f"{cost} would tell (--resume DIR --max-servers N)")
     for name, more in result["unmeasured_higher"].items():
         cost = f", about {more['minutes']:.1f} min" if more["minutes"] else ""
         lines.append(f"  not measured: {name}, predicted {more['predicted']:.1f}, above the answer; one server"

@@ -7,11 +7,11 @@ Every server measures every concurrency level. In order:
    (profiled with ``--profile``) and no speculation. A server that fails takes its candidate out (named); the
    model then takes the next chain.
 2. Leaders: at each level, the candidate ranked first (measured median where measured, else the model's
-   prediction) is measured while it is unmeasured, and so is one predicted within ``resolve`` of the best
-   measured figure. The model only chooses what to measure: the answer is always a measured candidate. Then what
-   the model cannot predict: the user's setting where it is no chain, a table the user gave, and SGLang's adaptive
-   steps where no proof will measure them (after the leaders, so that a tight budget or ``--max-servers`` goes to
-   the predicted leaders first).
+   prediction) is measured while it is predicted above the best measured figure. Then what the model cannot
+   predict: the user's setting where it is no chain, a table the user gave, and SGLang's adaptive steps where no
+   proof will measure them. Then a chain predicted within ``resolve`` below the best measured figure. The model
+   only chooses what to measure: the answer is always a measured candidate, and a candidate left unmeasured is
+   named beside it.
 3. Proof, where the release runs adaptive steps from a table by batch size: the table for this box (table.py,
    from the servers of steps 1-2 only, so it stays the same while it is proven), SGLang's own table and the best
    fixed setting, in counterbalanced repeats (T D F, F D T, ...), each repeat started only where all of it fits
@@ -129,8 +129,8 @@ def model_targets(candidates: list, servers: list[dict], settings: Settings) -> 
 
 def unpredicted_targets(candidates: list, settings: Settings) -> list[str]:
     """The model's targets it cannot predict (the user's setting where it is no chain, a given table, SGLang's
-    adaptive steps where no proof measures them): measured after the leaders, so that a tight budget or
-    ``--max-servers`` goes to the predicted leaders first."""
+    adaptive steps where no proof measures them): measured after the chains predicted above the best measured
+    figure and before those predicted just below it (``plan_next``)."""
     return [c.name for c in candidates if c.kind in ("current", "table")
             or c.kind == "adaptive" and not proof_possible(settings)]
 
@@ -156,13 +156,15 @@ def best_measured(servers: list[dict], names, level: int) -> list[str]:
     return sorted(got, key=lambda n: -got[n])
 
 
-def unmeasured_leader(candidates, servers, level, model, resolve) -> str | None:
+def unmeasured_leader(candidates, servers, level, model, resolve, above_only: bool = False) -> str | None:
     """The candidate predicted first at a level while it is unmeasured, or one predicted within ``resolve`` of
-    the best measured figure; None where the level's leader is measured."""
+    the best measured figure; None where the level's leader is measured. ``above_only``: only a prediction above
+    the best measured figure (one that would change the answer if it holds)."""
     ranked = sorted(estimates(candidates, servers, level, model).items(), key=lambda kv: -kv[1][0])
     best = next((v for _, (v, how) in ranked if how == "measured"), None)
+    floor = best if above_only and best is not None else (best / (1 + resolve) if best is not None else None)
     for name, (value, how) in ranked:
-        if how == "predicted" and (best is None or value >= best / (1 + resolve)):
+        if how == "predicted" and (floor is None or value > floor or not above_only and value >= floor):
             return name
     return None
 
@@ -328,15 +330,26 @@ def plan_next(candidates: list, servers: list[dict], settings: Settings, elapsed
         if name not in later and not ok_servers(run, name):
             return Step(name, profiled=settings.profile and position < 2 and name.startswith("chain-"),
                         why="the model needs it", role="model", levels=settings.levels)
+    # A chain predicted above the best measured figure comes first: if the prediction holds, it is the answer. Then
+    # what the model cannot predict (its lead is not bounded by the model's error), then chains predicted just
+    # below the best measured (within --resolve: they change the answer only by the model's error). On one H100 the
+    # search measured a chain predicted 0.3% below the measured best instead of SGLang's adaptive table, which then
+    # led c=1 by 7.3% (benchmarks/results/2026-12-06-h100/tune-spec/NOTE.txt).
     fitted = models(run, settings.levels)
     for level in settings.levels:
-        name = unmeasured_leader(candidates, run, level, fitted[level], settings.resolve)
+        name = unmeasured_leader(candidates, run, level, fitted[level], settings.resolve, above_only=True)
         if name is not None:
             return Step(name, role="leader", levels=settings.levels,
                         why=f"predicted to lead {level_name(level)}; the answer must be measured")
     for name in targets:
         if name in later and not ok_servers(run, name):
             return Step(name, why="the model cannot predict it", role="model", levels=settings.levels)
+    for level in settings.levels:
+        name = unmeasured_leader(candidates, run, level, fitted[level], settings.resolve)
+        if name is not None:
+            return Step(name, role="leader", levels=settings.levels,
+                        why=f"predicted within {settings.resolve * 100:g}% of the best measured at "
+                            f"{level_name(level)}; measured to tell")
     proof = plan_proof(candidates, run, settings)
     step = _proof_step(proof, run, settings, elapsed_s, mean_server_s) if proof else None
     if step is not None:

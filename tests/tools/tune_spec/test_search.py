@@ -365,3 +365,50 @@ def test_a_server_that_would_end_exactly_at_the_budget_starts_and_one_past_it_do
     three = [{"candidate": n, "ok": True, "levels": {}} for n in ("chain-7", "chain-3", "none")]
     assert plan_next(found, three[:2], settings, 0.0, 60.0).candidate == "none"
     assert plan_next(found, three, settings, 0.0, 60.0).why == "the server limit (3) is reached"
+
+
+def test_what_the_model_cannot_predict_goes_before_a_chain_predicted_just_below_the_best_measured(monkeypatch):
+    """The H100 run of 2026-12-06: the fourth server went to chain-5, predicted 0.3% below the chain-7 already
+    measured, and SGLang's adaptive table, which then led c=1 by 7.3%, was never measured. A chain predicted above
+    the best measured still comes first (it changes the answer if the prediction holds)."""
+    class Fixed:
+        def __init__(self, figures):
+            self.figures = figures
+
+        def predict(self, k):
+            return self.figures.get(k)
+    found, _ = make_settings(facts=FACTS_0_5_16, prove=0)
+    servers = [{"candidate": "chain-7", "ok": True, "levels": {"32": {"value": 100.0}}}]
+    assert unmeasured_leader(found, servers, 32, Fixed({5: 99.7}), 0.02, above_only=True) is None
+    assert unmeasured_leader(found, servers, 32, Fixed({5: 99.7}), 0.02) == "chain-5"
+    assert unmeasured_leader(found, servers, 32, Fixed({5: 100.5}), 0.02, above_only=True) == "chain-5"
+
+    # the next server after the model's three: adaptive where no chain is predicted above the measured best
+    from sglang_pcie.tools.tune_spec import search
+
+    found, settings = make_settings(facts=FACTS_0_5_16, prove=0, levels=(32,))
+    servers = [{"candidate": name, "ok": True, "levels": {"32": {"value": value}}}
+               for name, value in (("chain-7", 100.0), ("chain-3", 95.0), ("none", 80.0))]
+    for figures, expected in (({5: 99.7}, ("adaptive", "model")), ({5: 100.5}, ("chain-5", "leader"))):
+        monkeypatch.setattr(search, "models", lambda run, levels, figures=figures: {32: Fixed(figures)})
+        step = plan_next(found, servers, settings, 0.0, 60.0)
+        assert (step.candidate, step.role) == expected, figures
+    servers.append({"candidate": "adaptive", "ok": True, "levels": {"32": {"value": 90.0}}})
+    monkeypatch.setattr(search, "models", lambda run, levels: {32: Fixed({5: 99.7})})
+    step = plan_next(found, servers, settings, 0.0, 60.0)  # then the chain just below
+    assert (step.candidate, step.role) == ("chain-5", "leader") and "within 2% of the best measured" in step.why
+
+
+def test_an_unmeasured_candidate_the_model_cannot_predict_is_named_beside_the_answer(tmp_path):
+    server = CostModelServer(noise=0.0)
+    found, settings, state = tune_with(server, tmp_path, max_servers=3, prove=0, facts=FACTS_0_5_16)
+    assert [s["candidate"] for s in state["servers"]] == ["chain-7", "chain-3", "none"]
+    analysis = report.analyse(found, state["servers"], settings, mean_server_s=90.0)
+    for level in LEVELS:
+        assert analysis["levels"][str(level)]["unmeasured_unpredicted"] == {"adaptive": {"servers": 1,
+                                                                                         "minutes": 1.5}}
+    text = report.format_report(found, state["servers"], settings, analysis, state["stopped"])
+    assert "  adaptive            -          -" in text and "NOT measured: the model cannot predict it" in text
+    assert "(measured, among those measured; adaptive not measured)" in text
+    assert ("  not measured: adaptive, which the model cannot predict: it may lead by any amount; one server, about"
+            " 1.5 min would tell") in text
