@@ -116,12 +116,13 @@ def install_wheel(python: Path, wheel: Path) -> None:
 # their tests that need a release tree, a real SGLang install or a built wheel (RELEASE_FIXTURES) are left out, and a
 # unit test that would fetch a release fails (``no_release_fetch``).
 UNIT_MODULES = (
-    "test_ci.py", "test_docs.py", "test_layout.py", "test_support.py",
+    "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py",
     "patching/test_code_swap.py", "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
     "patching/test_pages.py", "patching/test_register.py", "patching/test_sm120_inserted.py",
     "patching/test_verify.py",
     "runtime/test_accept_alarm.py", "runtime/test_activate.py", "runtime/test_agreement.py",
-    "runtime/test_allreduce.py", "runtime/test_baked.py", "runtime/test_bounded_read.py", "runtime/test_launch.py",
+    "runtime/test_allreduce.py", "runtime/test_baked.py", "runtime/test_bounded_read.py", "runtime/test_hooks.py",
+    "runtime/test_launch.py",
     "runtime/test_nccl.py", "runtime/test_patch_table.py", "runtime/test_settings.py", "runtime/test_sm120_fusion.py",
     "runtime/test_tuned_file.py", "runtime/test_wrapping.py",
     "runtime/eagle_profiler/test_eagle_profiler.py", "runtime/eagle_profiler/test_eagle_profiler_clocks.py",

@@ -28,3 +28,21 @@ def run_benchmark(name: str, *args, timeout: float = 300, **kwargs) -> subproces
     checkout's sglang_pcie, uninstalled), with this interpreter; output captured as text."""
     return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+PORT_LOW, PORT_SLOTS, PORT_SLOT = 20000, 50, 200  # 20000-29999 in blocks of 200 ports
+
+
+def first_port(suite: int) -> str:
+    """The first port of a block of 200 for the fake servers of one suite (0: bench's tests, 1: tune-spec's) in this
+    pytest process. Within one run every xdist worker and suite gets its own block (workers that drew the same
+    random block raced for its ports: a failed start); across runs (another checkout's on a shared machine) the
+    run's id picks where the blocks start."""
+    import os
+    import random
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    start = int(run[:8], 16) if run else random.SystemRandom().randrange(PORT_SLOTS)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    slot = (start + 2 * (int(worker) if worker.isdigit() else 0) + suite) % PORT_SLOTS
+    return str(PORT_LOW + slot * PORT_SLOT)

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 import sys
 
 import pytest
 
-from support import SUPPORT
+from support import SUPPORT, first_port
 
 from sglang_pcie.tools.bench.report import percent
 from sglang_pcie.tools.bench.verdicts import noise_margin
 from sglang_pcie.tools.cli import main as cli_main
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
-# Each test session its own first port: bench checks a port is free, then the fake binds it, and another suite on
-# a shared machine (another checkout's bench tests, from the same first port) took one in between ("Address already
-# in use", a failed start).
-FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
+# Each pytest process its own block of ports (support.first_port): bench checks a port is free, then the fake binds
+# it, and another process (another xdist worker that drew the same block, or another checkout's suite) took one in
+# between ("Address already in use", a failed start).
+FIRST_PORT = first_port(0)
 # --no-warmup: the tests count and order the measured servers; test_runs_warmup.py runs bench with its warm-up server
 # (the default) and checks it.
 SMALL = ["--concurrency", "4", "--batch-requests", "8", "--stream-requests", "2", "--input-len", "8",

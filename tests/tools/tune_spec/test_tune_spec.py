@@ -5,19 +5,18 @@ search itself is tested against a known cost model in test_search.py)."""
 from __future__ import annotations
 
 import json
-import random
 import sys
 
 import pytest
 
-from support import SUPPORT
+from support import SUPPORT, first_port
 from support.spec_cost_model import FACTS_0_5_16
 
 import sglang_pcie.tools.tune_spec as tune_spec
 from sglang_pcie.tools.cli import main as cli_main
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
-FIRST_PORT = str(random.SystemRandom().randrange(20000, 29800, 200))
+FIRST_PORT = first_port(1)
 SMALL = ["--concurrency", "1,2", "--batch-requests", "4", "--stream-requests", "2", "--input-len", "8",
          "--output-len", "12", "--stop-timeout", "3", "--start-timeout", "60", "--port", FIRST_PORT,
          "--server-cmd", FAKE, "--steps", "1,3,5", "--no-adaptive"]
