@@ -118,7 +118,7 @@ def install_wheel(python: Path, wheel: Path) -> None:
 UNIT_MODULES = (
     "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py",
     "patching/test_code_swap.py", "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
-    "patching/test_hook_diffs.py",
+    "patching/test_baked_hook_diffs.py",
     "patching/test_pages.py", "patching/test_register.py", "patching/test_sm120_inserted.py",
     "patching/test_verify.py",
     "runtime/test_accept_alarm.py", "runtime/test_activate.py", "runtime/test_agreement.py",
