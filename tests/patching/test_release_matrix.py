@@ -51,15 +51,15 @@ def test_each_patch_covers_a_range_of_covered_releases():
 
 
 def test_the_covered_releases_are_listed_once():
-    """The register's COVERED_RELEASES is the one list: the patches' ranges derive from it, and no other module of
-    the package spells the covered span."""
+    """The runtime table's COVERED_RELEASES is the one list (the register re-exports it): the patches' ranges derive
+    from it, and no other module of the package spells the covered span."""
     from sglang_pcie.patching import register
 
     assert register.COVERED == f">={COVERED_RELEASES[0]},<={COVERED_RELEASES[-1]}"
     assert all(entry.releases == register.COVERED for entry in register.REGISTER)
     span = (f'"{COVERED_RELEASES[0]}"', f">={COVERED_RELEASES[0]},<={COVERED_RELEASES[-1]}")
     spelled = [p.relative_to(REPO).as_posix() for p in (REPO / "sglang_pcie").rglob("*.py")
-               if p.name != "register.py" and any(s in p.read_text() for s in span)]
+               if p.name != "patch_table.py" and any(s in p.read_text() for s in span)]
     assert spelled == [], spelled
 
 
@@ -155,8 +155,8 @@ def test_prepare_carries_the_nearest_diffs_over_to_the_next_release(tmp_path):
     written = {p.name: p.read_text() for p in (tmp_path / "0.5.20").glob("*.diff")}
     assert written and written == committed_diffs("0.5.20")
     # what adding the release takes next: the one list of covered releases, at the path printed, then generated files
-    assert "next: add '0.5.20' to COVERED_RELEASES in sglang_pcie/patching/register.py" in proc.stdout
-    assert "COVERED_RELEASES = (" in (REPO / "sglang_pcie" / "patching" / "register.py").read_text()
+    assert "next: add '0.5.20' to COVERED_RELEASES in sglang_pcie/runtime/patch_table.py" in proc.stdout
+    assert "COVERED_RELEASES = (" in (REPO / "sglang_pcie" / "runtime" / "patch_table.py").read_text()
     assert "ci/generate-docs" in proc.stdout and "--markdown-out COMPATIBILITY.md" in proc.stdout
 
 
