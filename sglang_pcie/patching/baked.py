@@ -7,6 +7,7 @@ the block's ``except ImportError`` branch makes every decorator the identity.
 """
 from __future__ import annotations
 
+from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.runtime.baked import guard_name  # noqa: F401  (the name the guard checks, re-exported)
 from sglang_pcie.runtime.results import DIFF_MARKER
 
@@ -52,8 +53,6 @@ def hook_diffs(row, tree) -> dict[str, str]:
       last lines rather than the method's, which changes more often;
     * ``at-end``: the guard block and a rebinding line appended to the module.
     """
-    from sglang_pcie.patching.edits import SourceEdits
-
     marker = f"{DIFF_MARKER} {row.id}"
     out = {}
     for module in dict.fromkeys(hook.module for hook in row.hooks):

@@ -64,9 +64,6 @@ class Patch:
         left alone, the release gate, then the install)."""
         return hooks.apply(self.entry.row, module, settings)
 
-    def carries_diff(self, module: ModuleType) -> bool:
-        return hooks.carries_diff(self.id, module)
-
     def install(self, module: ModuleType, settings) -> Result:
         """The patch's own change to ``module``; raise ``Drift`` if it has the wrong shape. A wrap patch's comes
         from its hooks (``runtime/hooks.py``); a patch without hooks writes its own.

@@ -2,41 +2,16 @@
 hold the template's) and the payload handed the settings."""
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
 
 from sglang_pcie.patching import engine
-from sglang_pcie.patching.engine import APPLIED, Patch, Result, release_gate
+from sglang_pcie.patching.engine import Patch, release_gate
 
 
 class Recording(Patch):
-    id = "drafter-delegation"  # any registered id: the entry gives targets and releases
-
-    def __init__(self):
-        super().__init__()
-        self.installed = []
-
-    def install(self, module, settings):
-        self.installed.append(module.__name__)
-        return Result(APPLIED, "installed")
-
-
-def module_from(tmp_path, name, text):
-    path = tmp_path / f"{name}.py"
-    path.write_text(text)
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    exec(compile(text, str(path), "exec"), module.__dict__)
-    return module
-
-
-@pytest.fixture
-def sglang_version(monkeypatch):
-    def set_version(version):
-        monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(__version__=version))
-    return set_version
+    id = "drafter-delegation"  # any registered id: the entry gives its payload
 
 
 @pytest.mark.parametrize("version, gated", [("0.5.7", True), ("0.5.8", False), ("0.5.99", False),
