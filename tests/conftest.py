@@ -103,13 +103,39 @@ def ensure_sglang_python(version: str) -> Path:
 
 
 def install_wheel(python: Path, wheel: Path) -> None:
-    # One pip at a time per venv: parallel test sessions share these installs.
-    with open(python.parent.parent / ".sglang-pcie-install.lock", "w") as lock:
+    """Install ``wheel`` into the venv of ``python`` unless the same contents are installed there already.
+
+    One pip at a time per venv: parallel test sessions share these installs. The xdist workers of one run build the
+    same wheel; a worker reinstalling it (remove, then write) while another's child interpreter imports from the venv
+    left that child without the overlay now and then (a patch not applied: a failed release test), so the same
+    contents are installed once, not once per worker."""
+    venv = python.parent.parent
+    digest = wheel_digest(wheel)
+    with open(venv / ".sglang-pcie-install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = venv / ".sglang-pcie-installed"
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        stamp.unlink(missing_ok=True)
         proc = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
                                str(wheel)], capture_output=True, text=True)
+        if proc.returncode == 0:
+            stamp.write_text(digest)
     if proc.returncode != 0:
         pytest.fail(f"installing {wheel.name} into {python} failed\n{output_tails(proc)}", pytrace=False)
+
+
+def wheel_digest(wheel: Path) -> str:
+    """The wheel's contents (member names and bytes), not its archive's timestamps: the same checkout, the same
+    digest."""
+    import hashlib
+    import zipfile
+
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as archive:
+        for name in sorted(archive.namelist()):
+            digest.update(name.encode() + b"\0" + archive.read(name) + b"\0")
+    return digest.hexdigest()
 
 
 # The ``unit`` tier (`pytest -m unit -n 2`, README): fast modules of the core logic, chosen by measured duration;
