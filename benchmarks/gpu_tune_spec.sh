@@ -78,7 +78,8 @@ work() {
                 --no-warmup $(levels_of $pair) --batch-requests 32 -- $(launch_of $pair) ) \
               > $folder.stdout 2> $folder.stderr;;
       search) ( time python3 -m sglang_pcie tune-spec --out $folder --steps 1,3,5,7 --prove "${PROVE:-0}" --no-warmup \
-                  --max-servers "${MAX_SERVERS:-4}" --budget-minutes "${TUNE_MINUTES:-12}" $(levels_of $pair) -- $(launch_of $pair) ) \
+                  --max-servers "${MAX_SERVERS:-4}" --budget-minutes "${TUNE_MINUTES:-12}" $(levels_of $pair) \
+                  -- $(launch_of $pair) ) \
                 > $folder.stdout 2> $folder.stderr;;
       sweep)
         table=$W/$pair-search/adaptive-config.json
