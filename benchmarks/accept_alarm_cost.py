@@ -37,7 +37,7 @@ CHILD = r'''
 import gc, json, os, sys, tempfile, time, types
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # as SGLang sets it when metrics are enabled
 import sglang.srt.managers.tokenizer_manager as tm
-from sglang_pcie.runtime import accept_alarm as aa
+from sglang_pcie.patches.accept_length_alarm import payload as aa
 
 ROUNDS, CALLS = int(sys.argv[1]), int(sys.argv[2])
 hook = tm.TokenizerManager.__dict__[aa.HOOK]

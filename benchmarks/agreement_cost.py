@@ -29,7 +29,7 @@ WORKER = r'''
 import json, os, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-from sglang_pcie.runtime import agreement
+from sglang_pcie.patches.node_agreement import payload as agreement
 
 rank, world, port, rounds = (int(x) for x in sys.argv[1:5])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

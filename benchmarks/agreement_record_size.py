@@ -2,7 +2,7 @@
 has, as ``Record.to_json`` sends them. Run: python -m benchmarks.agreement_record_size (no torch needed)."""
 from __future__ import annotations
 
-from sglang_pcie.runtime.agreement import Record
+from sglang_pcie.patches.node_agreement.payload import Record
 
 VERSIONS = {"sglang-pcie version": ("0.1.0", None), "sglang version": ("0.5.23", None),
             "NCCL version (torch's)": ("2.27.3", None)}

@@ -2,7 +2,8 @@
 """Host cost of draft-token-watch per verify, on the CPU (torch CPU tensors: the GPU's kernel launches are not
 here; the watch measures its own time on a GPU and samples by it).
 
-Drives ``sglang_pcie.runtime.draft_watch.wrap`` around a verify that returns at once, with SGLang-shaped inputs
+Drives ``sglang_pcie.patches.draft_token_watch.payload.wrap`` around a verify that returns at once, with SGLang-shaped
+inputs
 (32 requests, 3-step chains, a 128k vocabulary), and reports the median host time per call over ROUNDS rounds of
 CALLS calls: the verify alone, the watch counting every verify (stride 1), and the watch at the stride its own
 measurement picks for a 10 ms verify interval (the looks left out of these), a verify it lets pass, and one look's
@@ -19,7 +20,7 @@ from types import SimpleNamespace as NS
 
 import torch  # noqa: E402
 
-from sglang_pcie.runtime import draft_watch as dw  # noqa: E402
+from sglang_pcie.patches.draft_token_watch import payload as dw  # noqa: E402
 
 ROWS, STEPS, VOCAB = 32, 3, 128_256
 

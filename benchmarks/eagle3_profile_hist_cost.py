@@ -15,7 +15,7 @@ import statistics
 import time
 from collections import Counter
 
-from sglang_pcie.runtime.eagle_profiler.tokens import TOKEN_BATCH, histogram, host_counts
+from sglang_pcie.patches.eagle3_profile.tokens import TOKEN_BATCH, histogram, host_counts
 
 
 class HostAcceptLens(list):

@@ -4,7 +4,8 @@
 The loop has the shape of SGLang's EAGLE v2 worker and scheduler (a cycle calls draft, verify and draft re-extend; the
 scheduler copies the result's accept_lens to the host, as copy_to_cpu does) with no work in the phases, so that
 what the profiler adds is as large a share as it gets.  A runs it with the worker's methods wrapped by
-sglang_pcie.runtime.eagle_profiler.wrap and a Profiler installed (host clock: no CUDA here); B runs the same methods
+sglang_pcie.patches.eagle3_profile.payload.wrap and a Profiler installed (host clock: no CUDA here); B runs the same
+methods
 unwrapped.  Rounds of --cycles cycles alternate A B B A ..., garbage collection off; each round gives A's and B's
 time per cycle and the host time A's profiler reported for that round.  On a shared machine a round can only be
 slowed down, so the figures are the fastest rounds (minimum; medians beside them): added = min A - min B, against
@@ -27,8 +28,8 @@ import time
 import types
 from pathlib import Path
 
-from sglang_pcie.runtime import eagle_profiler as ep
-from sglang_pcie.runtime.eagle_profiler.clocks import HostClock
+from sglang_pcie.patches.eagle3_profile import payload as ep
+from sglang_pcie.patches.eagle3_profile.clocks import HostClock
 
 SAMPLINGS = {"as shipped": None, "every cycle timed": 1}
 INTERVAL = ep.DEFAULT_INTERVAL  # EAGLE3_PROFILE_INTERVAL as shipped

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.patches.eagle3_profile import payload as ep
 
 EPSILON = 1e-9
 MAJORS = (3, 4)  # the schemas with the timed cycles' own wall time

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The figures of the opcode-clock A/B in tests/runtime/eagle_profiler/test_profiler_host_time.py: the host time the
+"""The figures of the opcode-clock A/B in tests/patches/eagle3_profile/test_profiler_host_time.py: the host time the
 profiler reports as a share of the host time it adds, counted in bytecode instructions.  Deterministic on any machine,
 but the count depends on the Python version's bytecode, so each figure belongs to the Python that printed it.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-TEST = "tests/runtime/eagle_profiler/test_profiler_host_time.py::test_the_host_time_it_reports_is_the_host_time_it_adds"
+TEST = "tests/patches/eagle3_profile/test_profiler_host_time.py::test_the_host_time_it_reports_is_the_host_time_it_adds"
 
 
 class Figures:

@@ -54,7 +54,7 @@ from time import perf_counter_ns as time_ns
 from benchmarks.eagle3_profile_breakdown import host_profile, print_host_profile, quantile_summary
 from benchmarks.eagle3_synthetic import (ACCEPT_LENS, BATCH_SIZE, PROFILED, TARGET_MS, DecodeMode, Gpu, HostOnly,
                                          spin, worker_class)
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.patches.eagle3_profile import payload as ep
 from sglang_pcie.tools import profile_report
 
 REGIMES = {"gpu-bound": (0.6, 1.5), "host-bound": (0.12, 4.0)}  # (phase scale, host ms per cycle)

@@ -25,13 +25,13 @@ OUT = os.environ.get("EAGLE3_BREAKDOWN_OUT")
 WRITE_EVERY = 256  # end_cycle calls between two writes
 
 METHODS = {
-    "sglang_pcie.runtime.eagle_profiler.profiler:Profiler": (
+    "sglang_pcie.patches.eagle3_profile.profiler:Profiler": (
         "begin_cycle", "end_cycle", "begin_phase", "end_phase", "_read_finished", "_drain", "_take", "_close",
         "_report", "_open_slot", "_end_timed_wall", "_decode_turn"),
-    "sglang_pcie.runtime.eagle_profiler.tokens:TokenCounter": ("count", "collect_stash", "sum_copies"),
-    "sglang_pcie.runtime.eagle_profiler.clocks:CudaClock": ("record", "is_done", "elapsed_ms", "capturing", "wait"),
-    "sglang_pcie.runtime.eagle_profiler.slots:Slot": ("times", "reset"),
-    "sglang_pcie.runtime.eagle_profiler.records:IntervalStats": ("add_timed", "record"),
+    "sglang_pcie.patches.eagle3_profile.tokens:TokenCounter": ("count", "collect_stash", "sum_copies"),
+    "sglang_pcie.patches.eagle3_profile.clocks:CudaClock": ("record", "is_done", "elapsed_ms", "capturing", "wait"),
+    "sglang_pcie.patches.eagle3_profile.slots:Slot": ("times", "reset"),
+    "sglang_pcie.patches.eagle3_profile.records:IntervalStats": ("add_timed", "record"),
 }
 
 _stats = {}  # "Class.method" -> [calls, ns, gc collections inside, gc ns inside]

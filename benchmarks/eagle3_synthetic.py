@@ -8,7 +8,7 @@ import statistics
 import time
 import types
 
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.patches.eagle3_profile import payload as ep
 
 TARGET_MS = {"draft": 0.89, "verify": 18.67, "draft_extend": 0.28}  # the seed measurement, times --phase-scale
 KERNELS = {"draft": 5, "verify": 61, "draft_extend": 2}  # a graph is several kernels, as a model's layers

@@ -82,7 +82,7 @@ work() {
                   -- $(launch_of $pair) ) \
                 > $folder.stdout 2> $folder.stderr;;
       sweep)
-        table=$W/$pair-search/adaptive-config.json
+        table=${TABLE:-$W/$pair-search/adaptive-config.json}  # TABLE=/abs/path: a table written before
         if [ -f $table ]; then table="--table $table"; else table=""; candidates=${candidates//,table/}; fi
         ( time python3 -m sglang_pcie tune-spec --out $folder --steps 1,3,5,7 --sweep "$repeats" --no-warmup \
             --candidates "$candidates" $table --budget-minutes 40 $(levels_of $pair) -- $(launch_of $pair) ) \

@@ -24,7 +24,7 @@ from pathlib import Path
 PROBE = r"""
 import sys, time
 from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.patching.drafter_delegation import PATCH
+from sglang_pcie.patches.drafter_delegation.check import PATCH
 times = []
 for _ in range(3):
     tree = SourceTree(sys.argv[1])

@@ -11,7 +11,8 @@ temporary folder, its broken copies with benchmarks/break_drafter.py, then runs 
 with the given python (torch, transformers, safetensors: the SGLang test envs have them): transformers' Llama decodes
 greedily in fp32, each drafter's EAGLE-3 chain (3 steps, topk 1) is replayed as SGLang's llama_eagle3.py computes it.
 --judge: every verify's [verified token, first draft, accepted] in the order a server at concurrency = prompts would
-count them (the prompts round-robin), judged by sglang_pcie.runtime.draft_watch.judge at 1,000 first drafts and each
+count them (the prompts round-robin), judged by sglang_pcie.patches.draft_token_watch.payload.judge at 1,000 first
+drafts and each
 doubling after, and at the end (looks 1, 2, ...: the watch's looks as its counts double; here every verify counted).
 Prints a table; --out FILE keeps the raw JSON (benchmarks/results/<date>-cpu/tokenwise_drafter.json).
 """
@@ -97,7 +98,7 @@ def judged_looks(drafter: dict, vocab: int) -> list[dict]:
     drafts, each doubling, and the end (the contexts: the verified token's bucket, as the watch hashes it)."""
     import numpy as np
 
-    from sglang_pcie.runtime import draft_watch
+    from sglang_pcie.patches.draft_token_watch import payload as draft_watch
 
     records, start = [], 0
     per_prompt = []

@@ -142,31 +142,29 @@ def wheel_digest(wheel: Path) -> str:
 # their tests that need a release tree, a real SGLang install or a built wheel (RELEASE_FIXTURES) are left out, and a
 # unit test that would fetch a release fails (``no_release_fetch``).
 UNIT_MODULES = (
-    "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py",
-    "patching/test_code_swap.py", "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
-    "patching/test_baked_hook_diffs.py",
-    "patching/test_pages.py", "patching/test_register.py", "patching/test_sm120_inserted.py",
-    "patching/test_verify.py",
-    "runtime/test_accept_alarm.py", "runtime/test_activate.py", "runtime/test_agreement.py",
-    "runtime/test_allreduce.py", "runtime/test_baked.py", "runtime/test_bounded_read.py", "runtime/test_hooks.py",
-    "runtime/test_launch.py",
-    "runtime/test_nccl.py", "runtime/test_patch_table.py", "runtime/test_settings.py", "runtime/test_sm120_fusion.py",
-    "runtime/test_tuned_file.py", "runtime/test_wrapping.py",
-    "runtime/eagle_profiler/test_eagle_profiler.py", "runtime/eagle_profiler/test_eagle_profiler_clocks.py",
-    "runtime/eagle_profiler/test_eagle_profiler_process.py", "runtime/eagle_profiler/test_eagle_profiler_ranks.py",
-    "runtime/eagle_profiler/test_eagle_profiler_records.py", "runtime/eagle_profiler/test_eagle_profiler_slots.py",
-    "runtime/eagle_profiler/test_profiler_accept_hist.py", "runtime/eagle_profiler/test_profiler_busy.py",
-    "runtime/eagle_profiler/test_profiler_cycles.py",
+    "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py", "patching/test_code_swap.py",
+    "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
+    "patching/test_baked_hook_diffs.py", "patching/test_pages.py", "patching/test_register.py",
+    "patches/sm120_allreduce_fusion/test_sm120_allreduce_fusion_check_inserted.py", "patching/test_verify.py",
+    "patches/accept_length_alarm/test_accept_length_alarm_payload.py", "runtime/test_activate.py",
+    "patches/node_agreement/test_node_agreement_payload.py", "runtime/test_allreduce.py", "runtime/test_baked.py",
+    "runtime/test_bounded_read.py", "runtime/test_hooks.py", "runtime/test_launch.py", "runtime/test_nccl.py",
+    "runtime/test_patch_table.py", "runtime/test_settings.py",
+    "patches/sm120_allreduce_fusion/test_sm120_allreduce_fusion_payload.py", "runtime/test_tuned_file.py",
+    "runtime/test_wrapping.py", "patches/eagle3_profile/test_eagle3_profile_payload.py",
+    "patches/eagle3_profile/test_eagle3_profile_clocks.py", "patches/eagle3_profile/test_eagle3_profile_process.py",
+    "patches/eagle3_profile/test_eagle3_profile_ranks.py", "patches/eagle3_profile/test_eagle3_profile_records.py",
+    "patches/eagle3_profile/test_eagle3_profile_slots.py", "patches/eagle3_profile/test_profiler_accept_hist.py",
+    "patches/eagle3_profile/test_profiler_busy.py", "patches/eagle3_profile/test_profiler_cycles.py",
     "tools/test_allreduce_report.py", "tools/test_cli.py", "tools/test_common.py", "tools/test_env.py",
     "tools/test_processes.py", "tools/test_profile_report.py", "tools/test_safetensors_io.py",
     "tools/bench/test_command.py", "tools/bench/test_plan.py", "tools/bench/test_report.py",
-    "tools/check_drafter/test_check_drafter_checkpoint.py",
-    "tools/doctor/test_doctor.py", "tools/doctor/test_doctor_host.py", "tools/doctor/test_doctor_p2p.py",
-    "tools/doctor/test_doctor_parsers.py", "tools/doctor/test_doctor_world.py",
-    "tools/make_test_models/test_bf16.py", "tools/make_test_models/test_shape.py",
-    "tools/tune_nccl/test_ipc.py", "tools/tune_nccl/test_nodes.py", "tools/tune_nccl/test_rendezvous.py",
-    "tools/tune_nccl/test_tune_nccl_launch.py", "tools/tune_nccl/test_tune_nccl_report.py",
-    "tools/tune_nccl/test_verdict.py",
+    "tools/check_drafter/test_check_drafter_checkpoint.py", "tools/doctor/test_doctor.py",
+    "tools/doctor/test_doctor_host.py", "tools/doctor/test_doctor_p2p.py", "tools/doctor/test_doctor_parsers.py",
+    "tools/doctor/test_doctor_world.py", "tools/make_test_models/test_bf16.py",
+    "tools/make_test_models/test_shape.py", "tools/tune_nccl/test_ipc.py", "tools/tune_nccl/test_nodes.py",
+    "tools/tune_nccl/test_rendezvous.py", "tools/tune_nccl/test_tune_nccl_launch.py",
+    "tools/tune_nccl/test_tune_nccl_report.py", "tools/tune_nccl/test_verdict.py",
 )
 RELEASE_FIXTURES = {"sglang_env", "torch_python", "pristine_source", "checkout_wheel"}
 NOT_UNIT = {  # tests of UNIT_MODULES left out, and why (their durations measured with --durations=0)
@@ -218,7 +216,8 @@ def no_release_fetch(request, monkeypatch):
 def hermetic_environment(monkeypatch, tmp_path_factory):
     """No overlay, EAGLE3, NCCL or fake-server variable of the developer's shell reaches a test, nor their tuned
     NCCL file (XDG_CONFIG_HOME is an empty folder), nor settings or a profiler left by an earlier test."""
-    from sglang_pcie.runtime import eagle_profiler, settings
+    from sglang_pcie.runtime import settings
+    from sglang_pcie.patches.eagle3_profile import payload as eagle_profiler
 
     for name in list(os.environ):
         if name.startswith(HERMETIC_PREFIXES + ("FAKE_",)) and name not in KEPT_NAMES:

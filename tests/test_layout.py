@@ -10,6 +10,22 @@ from support import REPO
 PACKAGE = REPO / "sglang_pcie"
 # What the runtime wing may import: itself (the patch table, the runtime half of the register, included).
 RUNTIME_MAY_IMPORT = ("sglang_pcie.runtime",)
+PATCHES = "sglang_pcie.patches."
+
+
+def is_check(name: str) -> bool:
+    """A module of a patch folder's build-and-verify half: ``check`` and ``check_*`` (sglang_pcie/patches/)."""
+    return name.startswith(PATCHES) and name.rpartition(".")[2].startswith("check")
+
+
+def wing(name: str) -> str:
+    """runtime (what runs in a server: runtime/ and the patch folders but their checks), patching (build and
+    verify: patching/ and the patch folders' checks), tools, or the package itself."""
+    if name.startswith("sglang_pcie.runtime") or (name.startswith(PATCHES) and not is_check(name)):
+        return "runtime"
+    if name.startswith("sglang_pcie.patching") or is_check(name):
+        return "patching"
+    return "tools" if name.startswith("sglang_pcie.tools") else "package"
 
 
 def module_name(path: Path) -> str:
@@ -45,16 +61,49 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, known) - {name} for name, path in mods.items()}
 
 
+def own_folder(name: str) -> str:
+    """A patch folder's package (``sglang_pcie.patches.<id>``) for its modules, "" for others."""
+    return ".".join(name.split(".")[:3]) if name.startswith(PATCHES) else ""
+
+
 def test_runtime_imports_nothing_from_the_tools_or_patching():
-    bad = {name: sorted(m for m in deps if not m.startswith(RUNTIME_MAY_IMPORT))
-           for name, deps in graph().items() if name.startswith("sglang_pcie.runtime")}
+    """The server's half imports runtime/ and, in a patch folder, its own folder's server half: never a check,
+    patching/, the tools or another patch."""
+    bad = {}
+    for name, deps in graph().items():
+        if wing(name) != "runtime":
+            continue
+        folder = own_folder(name)
+        bad[name] = sorted(m for m in deps if not (
+            m.startswith(RUNTIME_MAY_IMPORT) or m == "sglang_pcie.patches"
+            or (folder and (m == folder or m.startswith(folder + ".")) and not is_check(m))))
     assert not {k: v for k, v in bad.items() if v}
 
 
 def test_patching_imports_nothing_from_the_tools():
     bad = {name: sorted(m for m in deps if m.startswith("sglang_pcie.tools"))
-           for name, deps in graph().items() if name.startswith("sglang_pcie.patching")}
+           for name, deps in graph().items() if wing(name) == "patching"}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_a_patch_folder_package_imports_nothing():
+    """Importing ``sglang_pcie.patches.<id>`` loads nothing else: a server with the patch on loads its payload."""
+    folders = [name for name, path in modules().items()
+               if name.startswith(PATCHES) and name.count(".") == 2 and path.name == "__init__.py"]
+    assert len(folders) == len(patch_ids()) and all(graph()[name] == set() for name in folders)
+
+
+def test_each_patch_has_one_folder_named_after_its_id():
+    from sglang_pcie.runtime import patch_table
+    for row in patch_table.TABLE:
+        folder = PATCHES + row.id.replace("-", "_")
+        assert row.module == folder + ".check", row.id
+        assert (TESTS / "patches" / row.id.replace("-", "_")).is_dir(), row.id
+
+
+def patch_ids() -> list[str]:
+    from sglang_pcie.runtime import patch_table
+    return patch_table.ids()
 
 
 def test_the_register_is_data():
@@ -86,7 +135,7 @@ def test_no_import_circle():
 def test_every_module_lives_in_a_wing():
     loose = [name for name in modules() if name.count(".") == 1
              and name not in ("sglang_pcie.__main__", "sglang_pcie.runtime", "sglang_pcie.patching",
-                              "sglang_pcie.tools")]
+                              "sglang_pcie.patches", "sglang_pcie.tools")]
     assert loose == []
 
 
@@ -117,7 +166,7 @@ def test_no_function_or_method_is_over_60_lines():
 # -- the mirror: a module's tests at its path
 
 TESTS = REPO / "tests"
-MIRRORED = ("runtime", "patching", "tools", "sitecustomize")  # tests/sitecustomize mirrors sitecustomize/
+MIRRORED = ("runtime", "patching", "patches", "tools", "sitecustomize")  # tests/sitecustomize mirrors sitecustomize/
 # Test modules that are the test of no one module or package, each with why.
 CROSS_CUTTING = {
     "patching/test_hidden_drift.py": "every patch's static check on releases drifted the ways SGLang changes",
@@ -174,12 +223,12 @@ def test_the_cross_cutting_test_modules_exist_and_mirror_nothing():
 def test_the_mirror_rule_on_the_cases_it_names():
     assert mirrored(TESTS / "runtime/test_nccl.py") == PACKAGE / "runtime/nccl.py"
     assert mirrored(TESTS / "tools/doctor/test_doctor_host.py") == PACKAGE / "tools/doctor/host.py"
-    profiler = PACKAGE / "runtime/eagle_profiler/profiler.py"
-    assert mirrored(TESTS / "runtime/eagle_profiler/test_profiler_busy.py") == profiler
+    profiler = PACKAGE / "patches/eagle3_profile/profiler.py"
+    assert mirrored(TESTS / "patches/eagle3_profile/test_profiler_busy.py") == profiler
     assert mirrored(TESTS / "tools/tune_nccl/test_tune_nccl.py") == PACKAGE / "tools/tune_nccl"
     assert mirrored(TESTS / "tools/test_make_test_models.py") == PACKAGE / "tools/make_test_models"
     startup = REPO / "sitecustomize/sglang_pcie_startup.py"
     assert mirrored(TESTS / "sitecustomize/test_sglang_pcie_startup.py") == startup
     # an aspect that is itself a module of the folder is that module's test, misnamed
-    assert mirrored(TESTS / "runtime/eagle_profiler/test_profiler_clocks.py") is None
+    assert mirrored(TESTS / "patches/eagle3_profile/test_profiler_clocks.py") is None
     assert mirrored(TESTS / "runtime/test_nowhere.py") is None

@@ -142,7 +142,7 @@ REGISTER = (
                         "the cycle method calls each phase method"),
         runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 replaces the phase methods of "
                         "EAGLEWorker, EAGLEWorkerV2 and EagleDraftWorker by "
-                        "sglang_pcie.runtime.eagle_profiler.wrap(...) wrappers; only when EAGLE3_PROFILE=1"),
+                        "sglang_pcie.patches.eagle3_profile.payload.wrap(...) wrappers; only when EAGLE3_PROFILE=1"),
         static_method="ast: classes and methods present, the cycle method calls every phase method",
         marked_here=("sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.verify",),
     ),
@@ -190,7 +190,7 @@ REGISTER = (
         runtime_method=("post-import hook on tokenizer_manager wraps TokenizerManager._calculate_spec_decoding_metrics "
                         "(called once per finished request of a speculative run; or the one component class the "
                         "module imports that has it, where SGLang moved it) with "
-                        "sglang_pcie.runtime.accept_alarm.wrap; it acts only in EAGLE / EAGLE3 runs"),
+                        "sglang_pcie.patches.accept_length_alarm.payload.wrap; it acts only in EAGLE / EAGLE3 runs"),
         static_method=("ast: the class and method with its (self, meta_info, recv_obj, i) parameters (followed to the "
                        "one component class tokenizer_manager imports, where it moved), the counters it reads on "
                        "recv_obj, every call of it (through self, an attribute of self or the class) inside an "
@@ -242,9 +242,9 @@ REGISTER = (
         upstream_check=("never upstream so far; statically: the worker classes' verify(self, batch), the result "
                         "fields holding the accepted drafts, EagleVerifyInput.draft_token"),
         runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EAGLEWorker.verify and "
-                        "EAGLEWorkerV2.verify with sglang_pcie.runtime.draft_watch.wrap: on a sample of verifies "
-                        "(at most 0.05% of the verify interval in host time, as measured by the watch) two "
-                        "copies into GPU buffers (verified token and first draft; accept length), counted in bulk per "
+                        "EAGLEWorkerV2.verify with sglang_pcie.patches.draft_token_watch.payload.wrap: "
+                        "on a sample of verifies (at most 0.05% of the verify interval in host time, as measured "
+                        "by the watch) two copies into GPU buffers (verified token and first draft; accept length), counted in bulk per "
                         "target token with the context buckets it was proposed in; a non-blocking read-back as the "
                         "counts double and every 10 s; TP rank 0, top-k 1 only"),
         static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "

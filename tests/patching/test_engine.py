@@ -26,7 +26,7 @@ def test_the_release_gate(version, gated):
 def test_the_install_hands_its_settings_to_the_registers_payload(monkeypatch):
     """``Patch.wrapper``: the payload the register names, called as the baked guard calls it, with the settings the
     install was handed."""
-    from sglang_pcie.runtime import drafter_delegation
+    from sglang_pcie.patches.drafter_delegation import payload as drafter_delegation
     from sglang_pcie.runtime.settings import load_settings
 
     calls = []

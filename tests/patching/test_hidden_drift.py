@@ -3,6 +3,12 @@
 The danger of an overlay is a patch that silently stops fitting.  Each case edits a pristine release the way an
 upstream refactor would, and the static check, ci/check-sglang-releases and ci/prepare-release-diffs must all
 report that patch `drifted` (or name it for a human), while the other patches read exactly as on the release.
+
+The cases are each patch's own, in ``tests/patches/<id>/drift.yaml``: a list of ``name``, ``release``, ``kind``
+(``drift``: the check must say drifted; ``tolerated``: a change the patch follows by design, which must still fit),
+``edits`` (a list of ``file`` / ``replace`` / ``with``, each replacing EVERY occurrence of a text that must be
+there; or the name of an edit in ``NAMED_EDITS`` below), ``detail`` (what the result must say) and ``also`` (other
+patches that hook the same code and must read drifted too).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
 from support.releases import release_copy
 
@@ -27,8 +34,6 @@ from support import REPO
 
 pytestmark = pytest.mark.slow  # upstream tracking over every release tree: CI runs it, the fast loop leaves it out
 # What the patches' static checks read, copied instead of a release's 4,700 files.  The control test below
-
-
 # proves the copy reads exactly as the release, so a case cannot pass merely because a file was left out.
 READ_BY_THE_CHECKS = (
     "sglang/__init__.py", "sglang/version.py", "sglang/_version.py",
@@ -39,14 +44,8 @@ READ_BY_THE_CHECKS = (
     "sglang/srt/distributed",
     "sglang/srt/managers/tokenizer_manager.py", "sglang/srt/managers/utils.py",
 )
-COMMUNICATOR = "sglang/srt/layers/communicator.py"
-FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
-EAGLE_V1 = "sglang/srt/speculative/eagle_worker.py"
-EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
-KIMI = "sglang/srt/models/kimi_k25.py"
-TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
-PARALLEL_STATE = "sglang/srt/distributed/parallel_state.py"
+TESTS = REPO / "tests"
 
 
 def copy_release(version: str, dest: Path) -> Path:
@@ -79,6 +78,9 @@ def move_gate_to_its_own_module(root: Path) -> None:
     add_norm.write_text("".join(lines), encoding="utf-8")
 
 
+NAMED_EDITS = {"move-gate-to-its-own-module": move_gate_to_its_own_module}
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -92,67 +94,32 @@ class Case:
         return self.name
 
 
-CASES = [
-    Case("fusion gate renamed", "0.5.9", "sm120-allreduce-fusion",
-         replace(COMMUNICATOR, ("apply_flashinfer_allreduce_fusion(", "flashinfer_allreduce_fusion_enabled(")),
-         "no fusion gate"),
-    Case("fusion gate moved to another module", "0.5.23", "sm120-allreduce-fusion",
-         move_gate_to_its_own_module, "no fusion gate"),
-    Case("fusion gate's SM check reshaped", "0.5.9", "sm120-allreduce-fusion",
-         replace(COMMUNICATOR, ("(_is_sm90_supported or _is_sm100_supported)", "_is_sm90_or_sm100_supported")),
-         "apply_flashinfer_allreduce_fusion"),
-    Case("backend resolver's SM check reshaped", "0.5.23", "sm120-allreduce-fusion",
-         replace(FUSION, ("if not (get_platform().is_sm90 or get_platform().is_sm100):",
-                          "if get_platform().device_capability_major not in (9, 10):")),
-         "_resolve_backend"),
-    Case("v1 EAGLE worker's re-extend method renamed", "0.5.9", "eagle3-profile",
-         replace(EAGLE_V1, ("def forward_draft_extend_after_decode(", "def draft_extend_after_decode("),
-                 ("self.forward_draft_extend_after_decode(", "self.draft_extend_after_decode(")),
-         "forward_draft_extend_after_decode"),
-    Case("v2 EAGLE draft worker's draft method renamed", "0.5.23", "eagle3-profile",
-         replace(EAGLE_V2, ("    def draft(self", "    def draft_tokens(self"),
-                 (".draft_worker.draft(", ".draft_worker.draft_tokens(")),
-         "draft"),
-    Case("v2 EAGLE worker class renamed", "0.5.23", "eagle3-profile",
-         replace(EAGLE_V2, ("class EAGLEWorkerV2(", "class EagleWorkerV2(")),
-         "EAGLEWorkerV2", also=("draft-token-watch",)),
-    Case("verify input's draft tokens renamed", "0.5.23", "draft-token-watch",
-         replace("sglang/srt/speculative/eagle_info.py", ("draft_token", "draft_ids")),
-         "EagleVerifyInput no longer has draft_token"),
-    Case("Kimi-K2.5 wrapper builds its language model through a factory", "0.5.9", "drafter-delegation",
-         replace(KIMI, ("self.language_model = DeepseekV3ForCausalLM(", "self.language_model = build_text_model(")),
-         "KimiK25ForConditionalGeneration no longer holds"),
-    Case("EAGLE worker calls a new method on the target model", "0.5.9", "drafter-delegation",
-         replace(EAGLE_V1, ("self.target_worker.model_runner.model.get_embed_and_head()",
-                            "self.target_worker.model_runner.model.get_input_and_lm_head()")),
-         "get_input_and_lm_head"),
-    Case("tokenizer manager's accepted-draft counter renamed", "0.5.23", "accept-length-alarm",
-         replace(TOKENIZER_MANAGER, ("recv_obj.spec_num_correct_drafts", "recv_obj.spec_num_accepted_drafts")),
-         "reads none of recv_obj.spec_accepted_tokens"),
-    Case("per-request spec metrics computed for every streamed chunk", "0.5.9", "accept-length-alarm",
-         replace(TOKENIZER_MANAGER,
-                 ("                if self.server_args.speculative_algorithm:\n"
-                  "                    self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)\n", ""),
-                 ("            if getattr(state.obj, \"return_logprob\", False):\n",
-                  "            if self.server_args.speculative_algorithm:\n"
-                  "                self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)\n"
-                  "            if getattr(state.obj, \"return_logprob\", False):\n")),
-         "is called outside the finished-request branch"),
-    Case("world set-up function renamed", "0.5.23", "node-agreement",
-         replace(PARALLEL_STATE, ("def init_distributed_environment(", "def init_distributed_env(")),
-         "parallel_state has no module-level init_distributed_environment"),
-    Case("world group builds a PyNccl communicator", "0.5.9", "node-agreement",
-         replace(PARALLEL_STATE, ("use_pynccl=False,\n        use_pymscclpp", "use_pynccl=True,\n        use_pymscclpp")),
-         "init_world_group no longer passes use_pynccl=False"),
-]
+def edit_of(edits) -> Callable[[Path], None]:
+    if isinstance(edits, str):
+        return NAMED_EDITS[edits]
+    steps = [replace(edit["file"], (edit["replace"], edit["with"])) for edit in edits]
+
+    def edit(root: Path) -> None:
+        for step in steps:
+            step(root)
+    return edit
 
 
+def load_cases(kind: str) -> list[Case]:
+    """Every patch folder's cases of ``kind`` (drift or tolerated), its patch id from its folder."""
+    cases = []
+    for path in sorted((TESTS / "patches").glob("*/drift.yaml")):
+        for raw in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
+            assert raw["kind"] in ("drift", "tolerated"), (path, raw["name"])
+            if raw["kind"] == kind:
+                cases.append(Case(raw["name"], str(raw["release"]), path.parent.name.replace("_", "-"),
+                                  edit_of(raw["edits"]), raw["detail"], tuple(raw.get("also", ()))))
+    return cases
+
+
+CASES = load_cases("drift")
 # Changes a patch follows by design: the static check must still say it fits, not cry drift.
-TOLERATED = [
-    Case("Kimi-K2.5 wrapper's language model attribute renamed", "0.5.9", "drafter-delegation",
-         replace(KIMI, ("self.language_model", "self.text_model")),
-         "kimi_k25.KimiK25ForConditionalGeneration (.text_model)"),
-]
+TOLERATED = load_cases("tolerated")
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +195,7 @@ def test_prepare_release_diffs_names_the_drifted_patch(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "NEEDS A HUMAN  eagle3-profile: static check says drifted:" in proc.stdout
-    assert "fix sglang_pcie/patching/eagle3_profile.py for sglang 0.5.23" in proc.stderr
-    assert (REPO / "sglang_pcie" / "patching" / "eagle3_profile.py").is_file()  # the path printed is the patch's
+    assert "fix sglang_pcie/patches/eagle3_profile/check.py for sglang 0.5.23" in proc.stderr
+    # the path printed is the patch's
+    assert (REPO / "sglang_pcie" / "patches" / "eagle3_profile" / "check.py").is_file()
     assert not (tmp_path / "diffs" / "0.5.23" / "eagle3-profile.diff").exists()

@@ -9,8 +9,10 @@ from support import PATCH_IDS
 
 def test_registry_ids_name_their_modules_and_load_in_order():
     assert [p.id for p in all_patches()] == PATCH_IDS == register.ids()
-    for entry in register.REGISTER:  # a patch's id, its module and its docs page share one name
-        assert entry.module == f"sglang_pcie.patching.{entry.id.replace('-', '_')}", entry.id
+    for entry in register.REGISTER:  # a patch's id, its folder and its docs page share one name
+        folder = f"sglang_pcie.patches.{entry.id.replace('-', '_')}"
+        assert entry.module == f"{folder}.check", entry.id
+        assert entry.payload.startswith(f"{folder}.") or entry.payload.startswith("sglang_pcie.runtime."), entry.id
         # where its mark tells that it acts (tests/support/scripts/baked_switches.py): members of its targets
         assert entry.marked and all(spec.partition(":")[0] in entry.targets and spec.partition(":")[2]
                                     for spec in entry.marked), entry.id

@@ -7,13 +7,14 @@ table.
 The files the throw-away patch needed (``tests/patching/throwaway/``), each standing for one file of a real wrap
 patch, six by hand in all:
 
-* ``throwaway_shout.py``: the patch's static check (``check_source``), as ``sglang_pcie/patching/<id>.py``; its
-  install, runtime check, diff lines and ``marked`` come from its hook;
-* ``throwaway_shout_payload.py``: what runs in SGLang, as ``sglang_pcie/runtime/<payload>.py``;
+* ``throwaway_shout.py``: the patch's static check (``check_source``), as ``sglang_pcie/patches/<id>/check.py``;
+  its install, runtime check, diff lines and ``marked`` come from its hook;
+* ``throwaway_shout_payload.py``: what runs in SGLang, as ``sglang_pcie/patches/<id>/payload.py``;
 * ``throwaway_register.py``: its ``Row`` with its ``Hook`` (``runtime/patch_table.py``) and ``Entry``
   (``patching/register.py``): two files of a real patch;
-* this test, as ``tests/patching/test_<id>.py``; a real patch adds ``docs/<id>.md`` (the sixth), then the generated
-  files: its diffs, docs/patches.md, COMPATIBILITY.md.
+* this test, as ``tests/patches/<id>/test_<id>_check.py``; a real patch adds ``docs/<id>.md`` (the sixth), then the
+  generated files: its diffs, docs/patches.md, COMPATIBILITY.md; and the test data the suites ask of every patch in
+  its test folder (``drift.yaml``, ``mutations.yaml``).
 
 ``sitecustomize.py`` there is the test's plumbing: it installs the temporary register in child interpreters.
 The fake release is written by the test: ``sglang`` 0.5.23 with one module, ``sglang.srt.toy``.

@@ -177,7 +177,7 @@ def test_profile_file_in_a_read_only_folder_or_read_only_file_is_named():
 def test_the_profile_interval_default_is_the_profilers():
     """One default in two places, because the settings are read at start-up and must not import the profiler (the
     benchmarks take the profiler's)."""
-    from sglang_pcie.runtime.eagle_profiler import profiler
+    from sglang_pcie.patches.eagle3_profile import profiler as profiler
 
     assert load_settings({}).eagle3_profile_interval == profiler.DEFAULT_INTERVAL == 1000
 

@@ -6,7 +6,7 @@ import functools
 import sys
 import types
 
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.patches.eagle3_profile import payload as ep
 
 META = {"run_id": "20261130T100000Z-42", "run_started": 1796032800.0, "pid": 42, "tp_rank": 0, "pp_rank": 0,
         "dp_rank": None, "worker": "EAGLEWorkerV2", "timer": "cuda", "interval": 200}

@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's sglang_pcie (profile schema)
 
 from sglang_pcie.runtime import nccl  # noqa: E402
-from sglang_pcie.runtime.eagle_profiler import REPORTED, SCHEMA  # noqa: E402
+from sglang_pcie.patches.eagle3_profile.payload import REPORTED, SCHEMA  # noqa: E402
 from sglang_pcie.runtime.settings import load_settings  # noqa: E402
 
 START = time.monotonic()

@@ -8,7 +8,7 @@ from sglang_pcie.tools.cli import main as cli_main
 
 from support.eagle_records import META, interval_stats
 
-from sglang_pcie.runtime import eagle_profiler as ep
+from sglang_pcie.patches.eagle3_profile import payload as ep
 from sglang_pcie.tools import profile_report
 from sglang_pcie.tools.profile_report import records as profile_records
 

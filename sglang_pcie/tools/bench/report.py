@@ -17,7 +17,7 @@ def fmt(value, digits=1):
 
 def save(results: dict, out: Path) -> None:
     partial = out / "results.json.partial"
-    from sglang_pcie.runtime.eagle_profiler import finite  # the helper profile_report uses too
+    from sglang_pcie.patches.eagle3_profile.payload import finite  # the helper profile_report uses too
 
     # Strict JSON: a NaN/Infinity (a zero-length phase, a broken profile) becomes null, not a bare NaN token.
     partial.write_text(json.dumps(finite(results), indent=1, default=str, allow_nan=False))

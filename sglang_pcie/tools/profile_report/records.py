@@ -6,7 +6,7 @@ import json
 import math
 import re
 
-from sglang_pcie.runtime.eagle_profiler import (LOG_PREFIX, PHASES, REPORTED, SCHEMA_FAMILY, SCHEMA_MAJOR,
+from sglang_pcie.patches.eagle3_profile.payload import (LOG_PREFIX, PHASES, REPORTED, SCHEMA_FAMILY, SCHEMA_MAJOR,
                                                 SPEC_SETTINGS)
 
 LEGACY_RUN = "log"  # schema 1 log lines carry no pid or run id

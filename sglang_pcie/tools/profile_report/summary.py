@@ -2,8 +2,8 @@
 intervals' means and percentiles are pooled is in the package docstring."""
 from __future__ import annotations
 
-from sglang_pcie.runtime.eagle_profiler import (PHASES, QUANTILE_MIN, REPORTED, SPEC_SETTINGS, accept_at_least, bound,
-                                                finite, projection)
+from sglang_pcie.patches.eagle3_profile.payload import (PHASES, QUANTILE_MIN, REPORTED, SPEC_SETTINGS,
+                                                       accept_at_least, bound, finite, projection)
 from sglang_pcie.tools.common import summed_counts
 
 

@@ -28,6 +28,7 @@ from sglang_pcie.patching.releases import fetch_source
 pytestmark = pytest.mark.slow  # upstream tracking over every release tree: CI runs it, the fast loop leaves it out
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent.parent
 KINDS = ("drift", "harmless")
 APPLY_OUTCOMES = ("refused", "applied", "already-applied")
 MUTATION_KEYS = {"name", "release", "kind", "why", "edits", "expect", "detail", "apply"}
@@ -65,9 +66,11 @@ def for_every_patch(given: dict, patch_ids) -> dict:
 def load_mutations() -> list[Mutation]:
     mutations, names = [], set()
     patch_ids = [patch.id for patch in all_patches()]
-    for path in sorted(HERE.glob("*.yaml")):
+    # each patch's own cases in its test folder, and the shared machinery's here
+    for path in [*sorted((TESTS / "patches").glob("*/mutations.yaml")), HERE / "shared.yaml"]:
+        source = path.relative_to(TESTS).as_posix()
         for raw in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
-            where = f"{path.name}: {raw.get('name', raw)!r}"
+            where = f"{source}: {raw.get('name', raw)!r}"
             assert set(raw) <= MUTATION_KEYS, f"{where}: unknown keys {set(raw) - MUTATION_KEYS}"
             assert {"name", "release", "kind", "why", "edits"} <= set(raw), f"{where}: missing keys"
             assert isinstance(raw["release"], str), f"{where}: quote the release"
@@ -86,7 +89,7 @@ def load_mutations() -> list[Mutation]:
             mutations.append(Mutation(raw["name"], raw["release"], raw["kind"], " ".join(raw["why"].split()),
                                       tuple(raw["edits"]), for_every_patch(raw.get("expect", {}), patch_ids),
                                       for_every_patch(raw.get("detail", {}), patch_ids),
-                                      raw.get("apply"), path.name))
+                                      raw.get("apply"), source))
     return mutations
 
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from sglang_pcie.runtime import agreement
+from sglang_pcie.patches.node_agreement import payload as agreement
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rank", type=int, required=True)

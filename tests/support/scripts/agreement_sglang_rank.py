@@ -18,7 +18,7 @@ import sglang.srt.distributed as distributed
 import sglang.srt.distributed.parallel_state as parallel_state
 import torch.distributed as dist
 
-from sglang_pcie.patching.node_agreement import PATCH
+from sglang_pcie.patches.node_agreement.check import PATCH
 from sglang_pcie.runtime.activate import RESULTS
 from sglang_pcie.runtime.results import is_patched
 from sglang_pcie.runtime.settings import for_process

@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import torch
 
-from sglang_pcie.runtime import draft_watch as dw
+from sglang_pcie.patches.draft_token_watch import payload as dw
 
 
 class Clock:

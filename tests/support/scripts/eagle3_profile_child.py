@@ -7,9 +7,10 @@ import sglang
 DIFFED, PROFILING = json.loads(sys.argv[1]), sys.argv[2] == "1"
 import torch
 import sglang_pcie.runtime.activate as activate
-from sglang_pcie.runtime import baked, eagle_profiler as ep
+from sglang_pcie.runtime import baked
+from sglang_pcie.patches.eagle3_profile import payload as ep
 from sglang_pcie.patching.engine import MARKER_ATTR
-from sglang_pcie.patching.eagle3_profile import PATCH, TARGETS, V1, V2
+from sglang_pcie.patches.eagle3_profile.check import PATCH, TARGETS, V1, V2
 from sglang_pcie.runtime.settings import for_process
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.managers.utils import GenerationBatchResult

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sglang_pcie.runtime.eagle_profiler.records import SCHEMA_FAMILY, to_json
+from sglang_pcie.patches.eagle3_profile.records import SCHEMA_FAMILY, to_json
 from sglang_pcie.tools.bench.analysis import (compare_outputs, compute_ratios, exit_code, expected_nccl,
                                               first_difference, nccl_debug_env, nccl_env_lines, profile_checks,
                                               read_profile)

@@ -1,0 +1,116 @@
+"""draft-token-watch: one warning per server when some of an EAGLE chain drafter's first drafts are never accepted.
+
+The watch itself lives in ``sglang_pcie.patches.draft_token_watch.payload``; this module says where it hooks in each
+release,
+wraps the hook at import (runtime) or writes the lines that do the same (versioned diffs), and checks both.
+
+The hook: the EAGLE worker's ``verify(self, batch)``, which reads its drafts from ``batch.spec_info.draft_token``
+(``EagleVerifyInput``: per request the verified token, then the chain's drafts) and returns the per-request
+acceptance: v2 (``EAGLEWorkerV2`` in ``eagle_worker_v2.py``, every covered release; SGLang's default from 0.5.11) a
+result with ``accept_lens`` (accepted drafts + 1, on the GPU); v1 (``EAGLEWorker`` in ``eagle_worker.py``, up to
+0.5.12.post1; the default up to 0.5.10.post1) a tuple holding the verify output with the accepted drafts per
+request on the host (``accept_length_per_req_cpu``; ``num_accepted_drafts_per_req_cpu`` in 0.5.11, ``num_correct_drafts_per_req_cpu`` from 0.5.12).  eagle3-profile
+decorates the same methods; this diff binds its wrapper after the class instead (a line appended to the module),
+so the two diffs never touch the same lines and the watch sits outside the profiler's timer, as at runtime.
+"""
+from __future__ import annotations
+
+import ast
+
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DIFF_MARKER, DRIFTED, NOT_APPLICABLE, Patch, Result
+from sglang_pcie.patching import register
+from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
+from sglang_pcie.patches.draft_token_watch import payload as draft_watch
+
+V1 = "sglang.srt.speculative.eagle_worker"
+V2 = "sglang.srt.speculative.eagle_worker_v2"
+INFO = "sglang.srt.speculative.eagle_info"  # EagleVerifyInput and its draft_token
+METHOD = "verify"
+PARAMETERS = ("self", "batch")
+RESULTS = "sglang.srt.managers.utils"  # GenerationBatchResult, what v2's verify returns
+# module -> (kind, class, the result fields any one of which says how many drafts each request accepted)
+TARGETS = {
+    V1: ("v1", "EAGLEWorker", draft_watch.V1_FIELDS),
+    V2: ("v2", "EAGLEWorkerV2", ("accept_lens",)),
+}
+# The covered releases that have each worker module (first, last; None: still there in the newest).
+# Where those fields are declared: v1's verify output class (EagleVerifyOutput, in eagle_info), v2's result class.
+FIELD_MODULES = {V1: (V1, INFO), V2: (RESULTS,)}
+MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
+PATCH_ID = draft_watch.PATCH_ID
+COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
+
+
+class DraftTokenWatch(Patch):
+    id = PATCH_ID
+
+    # -- static
+
+    def _inspect(self, tree: SourceTree):
+        present, problems = {}, []
+        for module, (kind, cls_name, fields) in TARGETS.items():
+            if tree.source(module) is None:
+                if _expected(module, tree.version):
+                    problems.append(f"{module} is missing (every covered release {_span(module)} has it: moved or "
+                                    "renamed?)")
+                continue
+            present[module] = kind
+            problems.extend(f"{module}: {p}" for p in _shape_problems(tree, module, cls_name, fields))
+        if present and "draft_token" not in _names(tree, INFO):
+            problems.append(f"{INFO}: EagleVerifyInput no longer has draft_token (the drafts the watch counts)")
+        return present, problems
+
+    def check_source(self, tree: SourceTree) -> Result:
+        baked_in = [m for m in TARGETS if tree.source(m) is not None]
+        # first: the appended binding rebinds the class's attribute, which the class lookup does not follow
+        if baked_in and all(COMMENT in tree.source(m) for m in baked_in):
+            return Result(APPLIED, "source carries the sglang-pcie diff")
+        present, problems = self._inspect(tree)
+        if problems:
+            return Result(DRIFTED, "; ".join(problems))
+        if not present:
+            return Result(NOT_APPLICABLE, "no EAGLE worker module (srt/speculative/eagle_worker*.py)")
+        return Result(APPLICABLE, "watches " + "; ".join(_describe(m) for m in present))
+
+
+PATCH = DraftTokenWatch()
+
+
+def _describe(module_name: str) -> str:
+    kind, cls_name, fields = TARGETS[module_name]
+    return f"{kind} {cls_name}.{METHOD} (first drafts per token, sampled; reads {' or '.join(fields)})"
+
+
+def _span(module: str) -> str:
+    first, last = MODULE_RELEASES[module]
+    return f"{first} to {last}" if last else f"from {first} on"
+
+
+def _expected(module: str, version: str) -> bool:
+    return in_release_span(version, *MODULE_RELEASES[module])
+
+
+def _names(tree: SourceTree, module: str) -> set[str]:
+    """Attribute, keyword and annotated names in ``module`` (empty where it is missing)."""
+    return attribute_and_keyword_names(tree.tree(module) if tree.source(module) is not None else None)
+
+
+def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:
+    if tree.find_class(module, cls_name) is None:
+        return [f"class {cls_name} missing"]
+    found = tree.method(module, cls_name, METHOD, concrete=True)
+    if found is None:
+        return [f"{cls_name}.{METHOD} missing"]
+    function = found[2]
+    if isinstance(function, ast.AsyncFunctionDef):
+        return [f"{cls_name}.{METHOD} is a coroutine function now"]
+    problems = []
+    parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(PARAMETERS)]
+    if parameters != PARAMETERS:
+        problems.append(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+    declared = set().union(*(_names(tree, m) for m in FIELD_MODULES[module]))
+    if not any(field in declared for field in fields):
+        problems.append(f"{cls_name}'s verify result carries none of {', '.join(fields)} (the accepted drafts the "
+                        "watch reads)")
+    return problems

@@ -1,0 +1,2 @@
+"""The node-agreement patch: check.py (static check and diff), payload.py (what runs in SGLang);
+docs/node-agreement.md."""

@@ -1,0 +1,138 @@
+"""The draft-token-watch patch against the pristine sources of every covered release: the static check, the committed
+diffs equal to ``rewrite``, the diff applied beside eagle3-profile's (the same methods; they must not collide) and
+compiled, the install on stand-in modules.  The watch itself:
+tests/patches/draft_token_watch/test_draft_token_watch_payload.py."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import types
+
+import pytest
+
+from sglang_pcie.patching.diffs import diff_for
+from sglang_pcie.patches.draft_token_watch.check import PATCH, V1, V2
+from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, Drift, Result, is_patched
+from sglang_pcie.patching.releases import COVERED_RELEASES
+from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.patches.draft_token_watch import payload as draft_watch
+
+from support import REPO
+
+V1_RELEASES = COVERED_RELEASES[:COVERED_RELEASES.index("0.5.12.post1") + 1]
+
+
+def test_every_covered_release_is_applicable_on_the_workers_it_has(pristine_source):
+    for version in COVERED_RELEASES:
+        result = PATCH.check_source(SourceTree(pristine_source(version)))
+        assert result.status == APPLICABLE, (version, result)
+        assert ("v1 EAGLEWorker.verify" in result.detail) == (version in V1_RELEASES), version
+        assert "v2 EAGLEWorkerV2.verify" in result.detail, version
+
+
+def test_committed_diffs_are_what_the_patch_generates(pristine_source):
+    for version in COVERED_RELEASES:
+        committed = REPO / "diffs" / version / "draft-token-watch.diff"
+        assert committed.read_text() == diff_for(PATCH, SourceTree(pristine_source(version))), version
+
+
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.11", "0.5.16", "0.5.23"])
+def test_the_diff_applies_beside_eagle3_profiles_compiles_and_reads_as_applied(pristine_source, tmp_path, version):
+    root = pristine_source(version)
+    for module in (V1, V2):
+        rel = module.replace(".", "/") + ".py"
+        if (root / rel).is_file():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(root / rel, tmp_path / rel)
+    for name in ("sglang/__init__.py", "sglang/version.py", "sglang/srt/speculative/eagle_info.py"):
+        if (root / name).is_file():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(root / name, tmp_path / name)
+    for patch_id in ("eagle3-profile", "draft-token-watch"):  # both diffs, in apply-diffs' (the register's) order
+        diff = REPO / "diffs" / version / f"{patch_id}.diff"
+        subprocess.run(["patch", "-p1", "--quiet", "--forward", "-F0", "-i", str(diff)], cwd=tmp_path, check=True)
+    tree = SourceTree(tmp_path)
+    assert PATCH.check_source(tree) == Result(APPLIED, "source carries the sglang-pcie diff")
+    for module in (V1, V2):
+        if tree.source(module) is not None:
+            compile(tree.source(module), module, "exec", dont_inherit=True)
+            assert tree.source(module).rstrip().endswith(".verify)  # sglang-pcie: draft-token-watch")
+
+
+def test_a_renamed_accepted_drafts_field_is_drift_naming_it(pristine_source, tmp_path):
+    root = pristine_source("0.5.23")
+    shutil.copytree(root / "sglang", tmp_path / "sglang")
+    path = tmp_path / "sglang/srt/managers/utils.py"  # GenerationBatchResult, what v2's verify returns
+    path.write_text(path.read_text().replace("accept_lens", "accepted_lengths"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result.status == DRIFTED and "carries none of accept_lens" in result.detail
+
+
+def _module(name, verify):
+    module = types.ModuleType(name)
+    cls = type("EAGLEWorkerV2" if name == V2 else "EAGLEWorker", (), {"verify": verify})
+    setattr(module, cls.__name__, cls)
+    return module, cls
+
+
+def test_install_wraps_verify_once_and_refuses_a_wrong_shape_changing_nothing():
+    def verify(self, batch):
+        return "result"
+    module, cls = _module(V2, verify)
+    assert PATCH.install(module, None).status == APPLIED
+    first = cls.verify
+    assert is_patched(first, draft_watch.PATCH_ID)
+    PATCH.install(module, None)
+    assert cls.verify is first  # idempotent
+
+    def wrong(self, forward_batch, spec_info):
+        return None
+    module, cls = _module(V1, wrong)
+    with pytest.raises(Drift, match=r"takes \(self, forward_batch\), not \(self, batch\)"):
+        PATCH.install(module, None)
+    assert cls.verify is wrong
+
+
+def test_check_runtime_says_disabled_when_switched_off_and_names_what_is_not_watched():
+    from sglang_pcie.runtime.settings import load_settings
+    from sglang_pcie.patching.engine import DISABLED, NOT_APPLICABLE
+
+    module, cls = _module(V2, lambda self, batch: None)
+    switched_off = PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id}))
+    assert switched_off == Result(DISABLED, "listed in SGLANG_PCIE_DISABLE_PATCHES")
+    assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE": "1"})) == \
+        Result(DISABLED, "SGLANG_PCIE_DISABLE is set")
+    on = load_settings({})
+    assert PATCH.check_runtime({}, on) == Result(NOT_APPLICABLE, f"none of {V2}, {V1} in this release")
+    old, _ = _module(V1, lambda self, batch: None)
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, (
+        "not in effect in this process: EAGLEWorkerV2.verify is not wrapped; EAGLEWorker.verify is not wrapped"))
+    PATCH.install(module, on)
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(
+        DRIFTED, "not in effect in this process: EAGLEWorker.verify is not wrapped")
+    assert PATCH.check_runtime({V2: module}, on) == Result(APPLIED, (
+        "watching v2 EAGLEWorkerV2.verify (first drafts per token, sampled; reads accept_lens)"))
+    assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})).status == \
+        DISABLED  # switched off in this process: disabled, however the class looks
+
+
+def test_the_static_check_drifts_on_a_coroutine_verify_or_drafts_gone_and_reads_a_half_baked_tree_as_unbaked(
+        pristine_source, tmp_path):
+    root = pristine_source("0.5.9")  # both workers
+    shutil.copytree(root / "sglang", tmp_path / "sglang")
+    v1, v2 = (tmp_path / (m.replace(".", "/") + ".py") for m in (V1, V2))
+    v2_text = v2.read_text()
+    v2.write_text(v2_text + "\n# sglang-pcie: draft-token-watch\n")  # one of the two modules baked
+    assert PATCH.check_source(SourceTree(tmp_path)).status == APPLICABLE
+    v1.write_text(v1.read_text() + "\n# sglang-pcie: draft-token-watch\n")
+    assert PATCH.check_source(SourceTree(tmp_path)) == Result(APPLIED, "source carries the sglang-pcie diff")
+    v1.write_text(v1.read_text().replace("\n# sglang-pcie: draft-token-watch\n", ""))
+    v2.write_text(v2_text.replace("    def verify(self, batch", "    async def verify(self, batch"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, f"{V2}: EAGLEWorkerV2.verify is a coroutine function now")
+    v2.write_text(v2_text)
+    info = tmp_path / "sglang/srt/speculative/eagle_info.py"
+    info.write_text(info.read_text().replace("draft_token", "drafted_token"))
+    result = PATCH.check_source(SourceTree(tmp_path))
+    assert result == Result(DRIFTED, "sglang.srt.speculative.eagle_info: EagleVerifyInput no longer has draft_token "
+                                     "(the drafts the watch counts)")
