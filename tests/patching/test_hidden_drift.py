@@ -79,6 +79,8 @@ def move_gate_to_its_own_module(root: Path) -> None:
 
 
 NAMED_EDITS = {"move-gate-to-its-own-module": move_gate_to_its_own_module}
+CASE_KEYS = {"name", "release", "kind", "edits", "detail", "also"}
+EDIT_KEYS = {"file", "replace", "with"}
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,15 @@ def load_cases(kind: str) -> list[Case]:
     cases = []
     for path in sorted((TESTS / "patches").glob("*/drift.yaml")):
         for raw in yaml.safe_load(path.read_text(encoding="utf-8")) or []:
-            assert raw["kind"] in ("drift", "tolerated"), (path, raw["name"])
+            # checked as the mutation suite checks its cases: a misspelt key or an unquoted release is an error
+            where = f"{path.relative_to(TESTS).as_posix()}: {raw.get('name', raw)!r}"
+            assert {"name", "release", "kind", "edits", "detail"} <= set(raw) <= CASE_KEYS, f"{where}: keys {set(raw)}"
+            assert isinstance(raw["release"], str), f"{where}: quote the release"
+            assert raw["kind"] in ("drift", "tolerated"), f"{where}: kind must be drift or tolerated"
+            assert isinstance(raw["edits"], str) or all(set(e) == EDIT_KEYS for e in raw["edits"]), \
+                f"{where}: each edit is exactly {sorted(EDIT_KEYS)}"
             if raw["kind"] == kind:
-                cases.append(Case(raw["name"], str(raw["release"]), path.parent.name.replace("_", "-"),
+                cases.append(Case(raw["name"], raw["release"], path.parent.name.replace("_", "-"),
                                   edit_of(raw["edits"]), raw["detail"], tuple(raw.get("also", ()))))
     return cases
 
