@@ -7,7 +7,8 @@
 # 15 GB of host memory).
 # `start` runs, in order, the steps of PLAN (default below), each in its own folder /tmp/tunespec/<pair>-<step>:
 #   warm:PAIR                  one unmeasured chain-7 server (the machine's first is cold: JIT builds), while the
-#                              8B pair is still being made, so that no device time waits for it
+#                              8B pair is still being made, so that no device time waits for it; a measured step
+#                              waits until no pair is being made
 #   search:PAIR                tune-spec's search (--prove PROVE, default 0), levels c=1 and c=32, chains 1, 3, 5, 7,
 #                              at most MAX_SERVERS (4: 14% of a two-per-candidate sweep of all 14 candidates) and
 #                              TUNE_MINUTES (12)
@@ -26,6 +27,10 @@ REPO=$PWD
 NAME=tunespec
 PLAN=${PLAN:-"warm:e2e-tokenwise search:8b search:e2e-tokenwise sweep:e2e-tokenwise:none,chain-7,adaptive,table:3"}
 models_of() { echo /tmp/tunespec-models-$1; }
+models_busy() {  # whether a pair started by `models` is still being made
+  local log; for log in /tmp/tunespec-models-*.log; do [ -f "$log" ] && [ ! -f "${log%.log}.done" ] && return 0; done
+  return 1
+}
 pair_args() {
   case $1 in
     8b) echo --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed;;
@@ -73,6 +78,9 @@ work() {
     echo "=== $step at $(( $(date +%s) - T0 )) s"
     while [ ! -f $m.done ]; do sleep 2; done
     cp $m.log $W/make-models-$pair.txt
+    # Nothing is measured while a pair is still being made: the host-bound pair's figures fell by up to a third
+    # beside the 8B pair's weights being written (tune-spec-lease4/NOTE.txt). The warm-up may overlap it.
+    [ "$kind" = warm ] || while models_busy; do sleep 2; done
     case $kind in
       warm) ( time python3 -m sglang_pcie tune-spec --out $folder --steps 7 --max-servers 1 --no-adaptive --prove 0 \
                 --no-warmup $(levels_of $pair) --batch-requests 32 -- $(launch_of $pair) ) \
@@ -91,6 +99,7 @@ work() {
     esac
     echo "$step exit $?" >> $folder.stdout
   done
+  local log; for log in /tmp/tunespec-models-*.log; do [ -f "$log" ] && cp "$log" "$W/make-${log#/tmp/tunespec-}"; done
   echo "=== done at $(( $(date +%s) - T0 )) s"
   touch $W/DONE
 }

@@ -264,7 +264,7 @@ def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Pro
         return None
     search = [s for s in measured(servers) if s.get("role") in SEARCH_ROLES]
     figures = medians(search, settings.levels)
-    buckets, notes = tables.tuned_buckets(candidates, figures, settings.zero_steps)
+    buckets, notes = tables.tuned_buckets(candidates, figures)
     fixed, share = tables.best_fixed(candidates, figures)
     if fixed is None or not buckets:
         return None

@@ -344,15 +344,19 @@ def test_a_table_that_runs_the_best_fixed_setting_everywhere_is_not_proven_or_wr
     assert set(proof) == {"adaptive", "chain-3"}
 
 
-def test_zero_steps_refused_by_the_release_put_the_best_chain_in_the_bucket(tmp_path):
+@pytest.mark.parametrize("zero_steps", [True, False])
+def test_where_no_speculation_is_best_the_bucket_holds_the_best_chain_never_step_0(tmp_path, zero_steps):
+    """Whether or not the release takes step 0 in a table: step 0 keeps the speculative path (measured 0.46x of no
+    speculation on 0.5.16), so it is never written."""
     from dataclasses import replace
-    facts = replace(FACTS_0_5_16, zero_steps=False, default_table={1: [1, 3, 7], 8: [1, 3], 32: [1]})
+    facts = replace(FACTS_0_5_16, zero_steps=zero_steps, default_table={1: [1, 3, 7], 8: [1, 3], 32: [1]})
     server = CostModelServer(noise=0.0, overrides=flat({"none": (10.0, 2000.0), "chain-7": (100.0, 900.0),
                                                          "chain-3": (60.0, 1000.0)}))
     found, settings, state = tune_with(server, tmp_path, facts=facts, budget_min=30)
     table = state["table"]
-    assert table["buckets"]["32"] != [0] and table["buckets"]["1"] == [7]
-    assert any("refuses step 0" in note for note in table["notes"])
+    assert 0 not in {step for steps in table["buckets"].values() for step in steps}
+    assert table["buckets"]["1"] == [7]
+    assert any("a table cannot give it" in note for note in table["notes"])
 
 
 @pytest.mark.parametrize("prove", [0, 2])

@@ -12,7 +12,8 @@ import pytest
 
 from sglang_pcie.tools.tune_spec.candidates import Candidate
 from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, fixed_medians,
-                                               read_table, tuned_buckets, uniform, write_table)
+                                               read_table, tuned_buckets, uniform, write_table,
+                                               STEP_0_MEASURED)
 
 def release_loader(root):
     """The release's own ``_load_adaptive_config``, executed from its pristine source alone."""
@@ -39,19 +40,18 @@ def test_only_fixed_candidates_count():
         64: {"none": 5000.0, "chain-1": 4000.0, "chain-3": 3000.0}}
 
 
-def test_each_bucket_runs_its_levels_best_fixed_setting_and_step_0_where_the_release_takes_it():
-    assert tuned_buckets(FOUND, MEDIANS, zero_steps=True) == ({1: [7], 8: [3], 64: [0]}, [])
-    assert tuned_buckets(FOUND, {**MEDIANS, 32: {}}, zero_steps=True)[0] == {1: [7], 8: [3], 64: [0]}
-
-
-def test_a_release_that_refuses_step_0_gets_the_best_measured_chain_noted():
-    buckets, notes = tuned_buckets(FOUND, MEDIANS, zero_steps=False)
+def test_each_bucket_runs_its_levels_best_chain_and_never_step_0_noted_where_none_is_best():
+    """Step 0 is not "no speculation" (measured 0.46x of it, table.STEP_0_MEASURED): where none is best, the best
+    measured chain, and the note says why."""
+    buckets, notes = tuned_buckets(FOUND, MEDIANS)
     assert buckets == {1: [7], 8: [3], 64: [1]}
-    assert notes == ["c=64: no speculation is best, but this release refuses step 0 in a table: chain-1 (0.800x of"
-                     " none) instead"]
-    buckets, notes = tuned_buckets(FOUND, {1: {"chain-3": 10.0}, 64: {"none": 9.0}}, zero_steps=False)
+    assert notes == [f"c=64: no speculation is best, and a table cannot give it ({STEP_0_MEASURED}): chain-1 (0.800x"
+                     " of none) instead"]
+    assert tuned_buckets(FOUND, {**MEDIANS, 32: {}})[0] == {1: [7], 8: [3], 64: [1]}
+    buckets, notes = tuned_buckets(FOUND, {1: {"chain-3": 10.0}, 64: {"none": 9.0}})
     assert buckets == {1: [3]}
-    assert notes == ["c=64: no speculation is best and this release refuses step 0; no chain measured"]
+    assert notes == [f"c=64: no speculation is best and no chain was measured; a table cannot switch speculation off"
+                     f" ({STEP_0_MEASURED})"]
 
 
 def test_uniform_is_the_one_step_of_every_bucket():
