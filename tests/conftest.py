@@ -142,7 +142,8 @@ def wheel_digest(wheel: Path) -> str:
 # their tests that need a release tree, a real SGLang install or a built wheel (RELEASE_FIXTURES) are left out, and a
 # unit test that would fetch a release fails (``no_release_fetch``).
 UNIT_MODULES = (
-    "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py", "patching/test_code_swap.py",
+    "test_ci.py", "test_docs.py", "test_layout.py", "test_ports.py", "test_support.py", "runtime/test_code_swap.py",
+    "runtime/test_shipped_diffs.py",
     "patching/test_diffs.py", "patching/test_edits.py", "patching/test_engine.py",
     "patching/test_baked_hook_diffs.py", "patching/test_pages.py", "patching/test_register.py",
     "patches/sm120_allreduce_fusion/test_sm120_allreduce_fusion_check_inserted.py", "patching/test_verify.py",

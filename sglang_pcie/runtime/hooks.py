@@ -9,7 +9,7 @@ with the row's payload) and answers whether it is in effect (``check``: one answ
 ``apply`` is the template every patch passes when one of its target modules is imported, hooks or not: a module
 whose source carries the patch's baked diff is left alone, a release older than the patch covers is not touched,
 and only then does the install run. A patch without hooks (a code swap, a profiler with per-release method lists)
-keeps its install in its own module under ``patching/``, imported here only then.
+names its install in its row (``install``: a module of its folder that runs in SGLang), imported here only then.
 
 This module and what it imports run in every SGLang process with the overlay on: nothing of ``patching/``.
 """
@@ -38,7 +38,7 @@ def apply(row: patch_table.Row, module: ModuleType, settings) -> Result:
         return outside
     if row.hooks:
         return install(row, module, settings)
-    return importlib.import_module(row.module).PATCH.install(module, settings)
+    return _call(row.install, module, settings)
 
 
 def carries_diff(patch_id: str, module: ModuleType) -> bool:

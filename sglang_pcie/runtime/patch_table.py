@@ -68,8 +68,10 @@ class Row:
     # patch was gated with.
     payload: str
     hooks: tuple[Hook, ...] = ()  # a wrap patch's hook points; () for a patch with an install of its own
-    # the module defining PATCH: its static check and diff (patching/), and the install of a patch without hooks
+    # the module defining PATCH: its static check, diff and runtime check (never imported by activation)
     module: str = ""
+    # a patch without hooks: "module:function", ``function(module, settings)`` -> Result, its install in a server
+    install: str = ""
     targets: tuple[str, ...] = ()  # modules whose import applies the patch; () = those of its hooks
     opt_in: OptIn | None = None  # None: registered unless switched off (SGLANG_PCIE_DISABLE_PATCHES)
     releases: str = COVERED  # covered releases, a version specifier naming the first and the last
@@ -83,12 +85,14 @@ _PROPOSED = "first drafts per token, sampled"
 TABLE = (
     Row(id="sm120-allreduce-fusion",
         module="sglang_pcie.patches.sm120_allreduce_fusion.check",
+        install="sglang_pcie.patches.sm120_allreduce_fusion.swap:install",
         payload="sglang_pcie.runtime.baked:switched_on",
         targets=("sglang.srt.layers.flashinfer_comm_fusion", "sglang.srt.layers.communicator",
                  "sglang.srt.layers.layer_boundary.residual.add_norm"),
         opt_in=OptIn("sm120_fusion", "SGLANG_PCIE_SM120_FUSION", "opt-in: set SGLANG_PCIE_SM120_FUSION=1")),
     Row(id="eagle3-profile",
         module="sglang_pcie.patches.eagle3_profile.check",
+        install="sglang_pcie.patches.eagle3_profile.install:install",
         payload="sglang_pcie.patches.eagle3_profile.payload:wrap",
         targets=("sglang.srt.speculative.eagle_worker", "sglang.srt.speculative.eagle_worker_v2",
                  "sglang.srt.speculative.spec_info"),

@@ -38,6 +38,25 @@ def test_a_server_with_the_defaults_loads_nothing_of_patching(sglang_env, versio
     assert all(status == "applied" for results in state["results"].values() for status in results.values()), state
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_opt_in_on_loads_nothing_of_patching_and_sm120_applies_the_shipped_diff(sglang_env, version):
+    """The two patches without hooks install from their own server half (the row's ``install``): opted in to both, a
+    process importing their targets loads no ``sglang_pcie.patching`` module and no check; sm120-allreduce-fusion
+    applies the diff the wheel ships (``swap``) and eagle3-profile times the workers (``install``)."""
+    state = sglang_env(version).run_script_json("default_imports.py",
+                                                env={"SGLANG_PCIE_SM120_FUSION": "1", "EAGLE3_PROFILE": "1"})
+    assert [m for m in state["loaded"] if m.startswith("sglang_pcie.patching") or m.endswith(".check")] == []
+    assert {"sglang_pcie.patches.sm120_allreduce_fusion.swap", "sglang_pcie.patches.eagle3_profile.install"} \
+        <= set(state["loaded"])
+    assert state["switched_off"] == []
+    for patch_id in ("sm120-allreduce-fusion", "eagle3-profile"):
+        statuses = state["results"][patch_id]
+        assert "applied" in statuses.values() and set(statuses.values()) <= {"applied", "not-applicable"}, statuses
+    sm120 = state["details"]["sm120-allreduce-fusion"]
+    applied = [sm120[m] for m, status in state["results"]["sm120-allreduce-fusion"].items() if status == "applied"]
+    assert all(detail.endswith(f"(sglang {version}: its own diff)") for detail in applied), sm120
+
+
 def test_invalid_profile_warns_once_and_applies_nothing(sglang_env):
     proc = sglang_env("0.5.23").run_script("nccl_environment.py", env={"SGLANG_PCIE_NCCL_PROFILE": "fastest"})
     assert proc.returncode == 0, proc.stderr

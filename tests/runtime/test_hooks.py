@@ -45,11 +45,13 @@ class Recording:
 
 @pytest.fixture
 def own_install(monkeypatch):
-    """A row without hooks whose module (``own_install_patch``) holds a recording PATCH."""
+    """A row without hooks whose install (``own_install_patch:install``) records the modules it is called with."""
     module = types.ModuleType("own_install_patch")
-    module.PATCH = Recording()
+    recording = Recording()
+    module.install = recording.install
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    return Row(id="drafter-delegation", payload=PAYLOAD, module=module.__name__, targets=("plain",)), module.PATCH
+    return Row(id="drafter-delegation", payload=PAYLOAD, install=f"{module.__name__}:install", targets=("plain",)), \
+        recording
 
 
 @pytest.fixture

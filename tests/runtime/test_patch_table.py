@@ -17,6 +17,16 @@ def test_one_row_per_register_entry_in_the_same_order():
     assert register.disabled_reason is patch_table.disabled_reason and register.OptIn is patch_table.OptIn
 
 
+def test_every_patch_installs_from_its_hooks_or_from_its_own_server_half():
+    """A row without hooks names its install, a module of its own folder (never its check, never patching/)."""
+    for row in patch_table.TABLE:
+        assert bool(row.hooks) != bool(row.install), row.id
+        if row.install:
+            module, _, function = row.install.partition(":")
+            folder = row.module.rpartition(".")[0]
+            assert module.startswith(folder + ".") and module != row.module and function, row.id
+
+
 def test_every_payload_takes_the_settings_handed_down():
     """``payload(original, *args, settings=...)``: the runtime install and the baked guard call it alike."""
     for row in patch_table.TABLE:

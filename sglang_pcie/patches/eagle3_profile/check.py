@@ -1,39 +1,25 @@
 """eagle3-profile: EAGLE3_PROFILE=1 times each phase of SGLang's EAGLE speculative decoding cycle.
 
-The timers, statistics and outputs live in ``sglang_pcie.patches.eagle3_profile.payload``; this module says which
-worker methods
-are which phase in each release, wraps them at import (runtime) or writes the decorator lines that do the same
-(versioned diffs), and checks both.
+The timers, statistics and outputs live in ``payload.py``; which worker methods are which phase, and the install
+that wraps them when a worker module is imported, in ``install.py`` (both run in SGLang). This module checks each
+release's source against them, writes the decorator lines that do the same (versioned diffs) and checks the runtime.
 """
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from types import ModuleType
 from typing import Mapping
 
-from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Drift,
-                                         Patch, Result, is_patched)
+from sglang_pcie.patching.engine import (APPLICABLE, APPLIED, DIFF_MARKER, DISABLED, DRIFTED, NOT_APPLICABLE, Patch,
+                                         Result, is_patched)
 from sglang_pcie.patching import baked, register
-from sglang_pcie.runtime import wrapping
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
-from sglang_pcie.patches.eagle3_profile import payload as eagle_profiler
+from sglang_pcie.patches.eagle3_profile import install as runtime_install, payload as eagle_profiler
+from sglang_pcie.patches.eagle3_profile.install import TARGETS, V1, V2, describe as _describe, methods as _methods
 
-V1 = "sglang.srt.speculative.eagle_worker"
-V2 = "sglang.srt.speculative.eagle_worker_v2"
-# Runtime only: SpeculativeAlgorithm.create_worker is wrapped so that an EAGLE-family worker whose cycle is not timed
-# (multi-layer EAGLE, frozen-KV MTP) warns once, naming its class, at its first cycle.
-SPEC_INFO = "sglang.srt.speculative.spec_info"
-# module -> class -> method -> phase.  The same methods in every release 0.5.8-0.5.23 (v1 up to 0.5.12.post1).
-TARGETS = {
-    V1: {"EAGLEWorker": {"forward_batch_generation": "cycle", "draft": "draft", "verify": "verify",
-                         "forward_draft_extend_after_decode": "draft_extend"}},
-    V2: {"EAGLEWorkerV2": {"forward_batch_generation": "cycle", "verify": "verify"},
-         "EagleDraftWorker": {"draft": "draft", "_draft_extend_for_decode": "draft_extend"}},
-}
 # The covered releases that have each worker module (first, last; None: still there in the newest). Where a
 # release in that span lacks the module, it moved or was renamed: drift, not a release without EAGLE.
 MODULE_RELEASES = {V1: (register.COVERED_RELEASES[0], "0.5.12.post1"), V2: (register.COVERED_RELEASES[0], None)}
@@ -45,12 +31,6 @@ PATCH_ID = eagle_profiler.PATCH_ID
 DIFF_DECORATOR = baked.guard_name(PATCH_ID)
 COMMENT = f"# {DIFF_MARKER} {PATCH_ID}"
 HELPER_DEPTH = 4  # how deep the cycle's own helper methods are followed when looking for the phase calls
-
-
-def _methods(module_name):
-    for cls_name, methods in TARGETS[module_name].items():
-        for method, phase in methods.items():
-            yield cls_name, method, phase
 
 
 class Eagle3Profile(Patch):
@@ -93,23 +73,7 @@ class Eagle3Profile(Patch):
     # -- runtime
 
     def install(self, module: ModuleType, settings) -> Result:
-        if module.__name__ == SPEC_INFO:
-            return _flag_untimed_workers(module)
-        if module.__name__ not in TARGETS:
-            return Result(NOT_APPLICABLE, f"{module.__name__} is not an EAGLE worker module")
-        found = []
-        for cls_name, method, phase in _methods(module.__name__):  # check everything before changing anything
-            cls = getattr(module, cls_name, None)
-            if not inspect.isclass(cls):
-                raise Drift(f"{module.__name__}.{cls_name} is missing")
-            # Defined on the class or inherited (as the static check accepts): wrapped on the class itself.
-            function = wrapping.member(cls, method)
-            if not inspect.isfunction(function):
-                raise Drift(f"{cls_name}.{method} is missing or not a plain function")
-            found.append((cls, method, phase))
-        for cls, method, phase in found:
-            wrapping.wrap_member(cls, method, self.wrapper(settings, phase), self.id)
-        return Result(APPLIED, _describe(module.__name__))
+        return runtime_install.install(module, settings)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         reason = self.disabled_reason(settings)
@@ -123,27 +87,6 @@ class Eagle3Profile(Patch):
         if missing:
             return Result(DRIFTED, "not timed: " + ", ".join(missing))
         return Result(APPLIED, "timing " + "; ".join(_describe(name) for name in present))
-
-
-def _flag_untimed_workers(module: ModuleType) -> Result:
-    """Wrap SpeculativeAlgorithm.create_worker (see SPEC_INFO); nothing else changes in the module."""
-    algorithm = getattr(module, "SpeculativeAlgorithm", None)
-    create = getattr(algorithm, "__dict__", {}).get("create_worker")
-    if not inspect.isfunction(create):
-        return Result(NOT_APPLICABLE, "no SpeculativeAlgorithm.create_worker: EAGLE workers that are not timed are"
-                                      " not flagged")
-    wrapping.wrap_member(algorithm, "create_worker", eagle_profiler.flag_untimed_workers, eagle_profiler.PATCH_ID)
-    return Result(APPLIED, "EAGLE-family workers that are not timed warn once at their first cycle")
-
-
-def _describe(module_name, tree: SourceTree | None = None) -> str:
-    kind = "v2" if module_name == V2 else "v1"
-    parts = []
-    for cls_name, method, phase in _methods(module_name):
-        found = tree.method(module_name, cls_name, method) if tree is not None else None
-        inherited = f", inherited from {found[1]}" if found and found[1] != cls_name else ""
-        parts.append(f"{cls_name}.{method} ({phase}{inherited})")
-    return f"{kind} " + ", ".join(parts)
 
 
 def _expected(module: str, version: str) -> bool:

@@ -1,2 +1,2 @@
-"""The sm120-allreduce-fusion patch: check.py (static check and diff), payload.py (what runs in SGLang);
-docs/sm120-allreduce-fusion.md."""
+"""The sm120-allreduce-fusion patch: check.py (static check and diff), payload.py (the helper inserted as text),
+swap.py (the install: the shipped diff applied and swapped in); docs/sm120-allreduce-fusion.md."""

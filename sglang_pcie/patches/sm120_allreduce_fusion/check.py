@@ -16,12 +16,11 @@ What each release has, re-derived from the pristine wheels 0.5.8-0.5.23:
   left alone, so on SM120 the fusion is only ever the user's choice, and the user also sets
   SGLANG_PCIE_SM120_FUSION=1 (SGLang's option alone cannot tell a user's choice from its own defaults).
 
-The change is written once, as source text (``rewrite``): the versioned diffs are that text, and ``apply`` compiles
-the same text and puts the changed functions' code into the existing function objects (``__code__``), so the
-modules that imported the gate by name see the change as well. This module reads each release to find where the
-change goes; what it inserts (the helper, the lines at the gate, the resolver and the preflight) is
-``sm120_inserted`` (the helper itself is code, ``patches/sm120_allreduce_fusion/payload.py``), and the code swap is
-``code_swap``'s.
+The change is written once, as source text (``rewrite``, in this module, which reads each release to find where
+the change goes; what it inserts is ``check_inserted``, the helper itself code in ``payload.py``): the versioned
+diffs are that text. In a server the wheel's diff for the installed release is applied to the installed files and
+swapped into the live functions (``swap.py``, with ``runtime/code_swap``), so the modules that imported the gate by
+name see the change as well, and no server process reads SGLang's source to rewrite it.
 
 Nothing happens unless asked: without SGLANG_PCIE_SM120_FUSION=1 the patch is not registered at all
 (``disabled_reason``), and the text baked into an image by ``apply-diffs`` asks the same gate through the guard
@@ -31,20 +30,19 @@ switched off or without sglang-pcie every patched function answers, raises and l
 from __future__ import annotations
 
 import ast
-import functools
-import inspect
 import re
-from pathlib import Path
 from types import ModuleType
 from typing import Mapping
 
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, UPSTREAM, Drift, Patch, Result
-from sglang_pcie.patching import baked, code_swap
+from sglang_pcie.patching import baked, register
+from sglang_pcie.runtime import code_swap
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patches.sm120_allreduce_fusion.check_inserted import (
     FUSION, GATE_COMMENT, HELPER, IMPORT_LINES, IS_SM120_BY_PLATFORM, IS_SM120_BY_PROBE, MARKER, PATCH_ID,
     PREFLIGHT_COMMENT, RESOLVER_COMMENT, RESOLVER_OFF, RUNTIME_CONTEXT, SM120_FACT, SM120_PROBE, UTILS, helper_block)
 from sglang_pcie.patching.source import SourceTree, installed_sglang_root
+from sglang_pcie.patches.sm120_allreduce_fusion import swap
 from sglang_pcie.patching.source_text import in_release_span
 
 COMMUNICATOR = "sglang.srt.layers.communicator"
@@ -76,6 +74,12 @@ class Sm120AllreduceFusion(Patch):
             status, detail, _ = _rewrite(tree)
         except Drift as exc:
             return Result(DRIFTED, str(exc))
+        if status == APPLICABLE and _newer_than_covered(tree.version):
+            # A server applies the wheel's diff (swap.py), the newest covered release's here: say whether it fits.
+            shipped, said, _ = swap.diffed_sources(tree.version, tree.root)
+            if shipped != APPLIED:
+                return Result(DRIFTED, f"{detail}; but a server applies the diff the wheel ships: {said}")
+            detail += f"; a server applies {said.partition(': ')[2]}"
         return Result(status, detail)
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
@@ -85,21 +89,32 @@ class Sm120AllreduceFusion(Patch):
     # -- runtime
 
     def install(self, module: ModuleType, settings) -> Result:
-        source = inspect.getsource(module)
-        return code_swap.install(module, source, _rewrite_installed(installed_sglang_root()), PATCH_ID)
+        return swap.install(module, settings)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
-        status, detail, sources = _rewrite_installed(installed_sglang_root())
-        if status != APPLICABLE:
+        """In effect where every function the shipped diff changes or adds carries the patch's mark."""
+        root = installed_sglang_root()
+        status, detail, sources = swap.diffed_sources(swap.sglang_version(), root)
+        if status != APPLIED:
             return Result(status, detail)
         drifted = code_swap.not_swapped(modules, sources, self.id)
         if drifted is not None:
             return drifted
-        gate_module, gate = _find_gate(SourceTree(installed_sglang_root()))
-        return Result(APPLIED, f"{gate_module.rsplit('.', 1)[1]}.{gate} admits SM120 when opted in and able to run")
+        gate_module, gate = _find_gate(SourceTree(root))
+        return Result(APPLIED, f"{gate_module.rsplit('.', 1)[1]}.{gate} admits SM120 when opted in and able to run "
+                               f"({detail})")
 
 
 PATCH = Sm120AllreduceFusion()
+
+
+def _newer_than_covered(version: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) > Version(register.COVERED_RELEASES[-1])
+    except InvalidVersion:
+        return False
 
 
 # -- the source transformation (shared by the diffs, the static check and the runtime patch)
@@ -149,11 +164,24 @@ def _rewrite(tree: SourceTree) -> tuple[str, str, dict[str, str]]:
     probe_name = _insert_helper(tree, fusion_tree, gate_tree if host == gate_module else fusion_tree, edits[host])
 
     sources = {module: e.text() for module, e in edits.items() if e.changed}
-    code_swap.plain_functions_only(tree, sources)
+    _plain_functions_only(tree, sources)
     detail = f"patches {', '.join(patched)}; helper in {host.rsplit('.', 1)[1]} (reads {probe_name})"
     if upstream:
         detail += f"; SM12x already admitted upstream by {', '.join(upstream)}"
     return APPLICABLE, detail, sources
+
+
+def _plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
+    """The code swap changes plain functions only: a decorated one (lru_cache, torch.compiler.disable...) is
+    another object in the live module. Drift, before anything runs, where the rewrite changes one."""
+    for module, new_source in sources.items():
+        changed, _ = code_swap.top_level_changes(tree.source(module), new_source)
+        for node in tree.tree(module).body:
+            if isinstance(node, ast.FunctionDef) and node.name in changed and node.decorator_list:
+                decorators = ", ".join("@" + ast.unparse(d) for d in node.decorator_list)
+                raise Drift(f"{module}.{node.name} is decorated ({decorators}); the patch swaps the code of plain "
+                            "functions only")
+
 
 
 def _host_helper(tree: SourceTree, gate_module: str, gate_tree: ast.Module, fusion_tree: ast.Module,
@@ -389,10 +417,3 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
 
 
 # -- the runtime side: the same text, compiled into the live modules
-
-@functools.lru_cache(maxsize=4)
-def _rewrite_installed(root: Path) -> tuple[str, str, dict[str, str]]:
-    try:
-        return _rewrite(SourceTree(root))
-    except Drift as exc:
-        return DRIFTED, str(exc), {}

@@ -18,7 +18,8 @@ from sglang_pcie.tools import profile_report
 from sglang_pcie.patching.engine import APPLICABLE, APPLIED, DRIFTED, Result
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.diffs import diff_for
-from sglang_pcie.patches.eagle3_profile.check import PATCH, SPEC_INFO, TARGETS, V1, V2
+from sglang_pcie.patches.eagle3_profile.check import PATCH, TARGETS, V1, V2
+from sglang_pcie.patches.eagle3_profile.install import SPEC_INFO
 from sglang_pcie.patching.releases import COVERED_RELEASES
 
 from support import REPO

@@ -22,7 +22,9 @@ from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.diffs import diff_for
 from sglang_pcie.patching import register
 from sglang_pcie.patches.sm120_allreduce_fusion import check as sm120
-from sglang_pcie.patching import baked, code_swap
+from sglang_pcie.patches.sm120_allreduce_fusion import swap
+from sglang_pcie.patching import baked
+from sglang_pcie.runtime import code_swap
 from sglang_pcie.patches.sm120_allreduce_fusion import check_inserted as inserted
 from sglang_pcie.patches.sm120_allreduce_fusion.check import (ADD_NORM, COMMUNICATOR, FUSION, HELPER, PATCH,
                                                               PREFLIGHT_SIZES, RESOLVER)
@@ -264,8 +266,9 @@ def test_release_fits_the_patch_where_expected(version):
 
 @pytest.mark.parametrize("version", COVERED_RELEASES)
 def test_diff_and_monkeypatch_agree_and_keep_every_other_answer(version, tmp_path):
-    """The committed diff, applied with ``patch -p1``, gives the text the runtime patch compiles; the gate (and
-    resolver, preflight) from it answer as the release's own everywhere but on SM120, where SM120 counts as SM90."""
+    """The committed diff, applied with ``patch -p1`` and by the runtime install (``swap``), gives the rewrite's
+    text; the gate (and resolver, preflight) from it answer as the release's own everywhere but on SM120, where
+    SM120 counts as SM90."""
     tree = SourceTree(fetch_source(version))
     committed = (REPO / "diffs" / version / f"{PATCH.id}.diff").read_text()
     assert committed == diff_for(PATCH, tree), "ci/generate-diffs is out of date"
@@ -273,6 +276,8 @@ def test_diff_and_monkeypatch_agree_and_keep_every_other_answer(version, tmp_pat
     rewritten = PATCH.rewrite(tree)
     for module, text in rewritten.items():
         assert patched_tree.source(module) == text
+    status, detail, swapped = swap.diffed_sources(version, fetch_source(version))
+    assert (status, detail, swapped) == (APPLIED, f"sglang {version}: its own diff", rewritten)
     assert PATCH.check_source(patched_tree) == sm120.Result(APPLIED, "source carries the sglang-pcie diff")
     assert PATCH.rewrite(patched_tree) == {}
 
@@ -292,6 +297,39 @@ def test_diff_and_monkeypatch_agree_and_keep_every_other_answer(version, tmp_pat
                 assert_resolver_truth_table(version, pristine, patched)
             else:
                 assert_preflight_truth_table(pristine, patched, real_ceil_align(tree))
+
+
+def newer_release(tmp_path: Path, edit=None) -> SourceTree:
+    """0.5.23's files (the gate, the fusion module) labelled 0.5.24, a release the wheel ships no diff for."""
+    gate = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+    fusion = "sglang/srt/layers/flashinfer_comm_fusion.py"
+    root = release_copy("0.5.23", tmp_path / "src", only=["sglang/__init__.py", "sglang/srt/utils", gate, fusion,
+                                                           "sglang/srt/runtime_context.py"])
+    (root / "sglang" / "_version.py").write_text("__version__ = version = '0.5.24'\n")
+    if edit:
+        path = root / fusion
+        path.write_text(edit(path.read_text()))
+    return SourceTree(root)
+
+
+def test_a_release_newer_than_the_wheel_gets_the_newest_diff_and_the_static_check_says_whether_it_fits(tmp_path):
+    """A server on a release the wheel has no diff for applies the newest covered release's (``swap``); the static
+    check says which, or drifted where that diff does not fit although the rewrite would."""
+    tree = newer_release(tmp_path)
+    assert tree.version == "0.5.24"
+    result = PATCH.check_source(tree)
+    assert result.status == APPLICABLE and result.detail.endswith(
+        "; a server applies the diff of 0.5.23 (none shipped for 0.5.24)"), result.detail
+    status, detail, sources = swap.diffed_sources("0.5.24", tree.root)
+    assert (status, sources) == (APPLIED, PATCH.rewrite(tree))
+
+    moved = newer_release(tmp_path / "moved", lambda text: text.replace(
+        '            "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."',
+        '            "FlashInfer all-reduce fusion requires SM90 or SM10X NVIDIA GPUs."'))
+    result = PATCH.check_source(moved)
+    assert result.status == DRIFTED and "but a server applies the diff the wheel ships: the 0.5.23 diff does not " \
+        "apply to sglang 0.5.24: sglang/srt/layers/flashinfer_comm_fusion.py: hunk" in result.detail, result.detail
+    assert PATCH.rewrite(moved)  # the rewrite alone would still fit
 
 
 def test_every_release_switches_fusion_on_by_itself_only_on_sm90_sm100():
@@ -517,3 +555,16 @@ def test_verify_patches_shows_the_opt_in(capsys, monkeypatch):
     main(["verify-patches", "--sglang-source", str(fetch_source("0.5.23")), "--json"])
     row = next(r for r in json.loads(capsys.readouterr().out)["patches"] if r["id"] == PATCH.id)
     assert row["status"] == APPLICABLE
+
+
+def test_plain_functions_only_refuses_a_changed_decorated_function_and_passes_a_plain_one(tmp_path):
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "m.py").write_text("import functools\n\n\n@functools.lru_cache\ndef gate():\n    return False\n\n\n"
+                                  "def other():\n    return 1\n")
+    tree = SourceTree(tmp_path)
+    new = tree.source("sglang.m").replace("return False", "return True")
+    with pytest.raises(Drift, match=r"^sglang.m.gate is decorated \(@functools.lru_cache\); "):
+        sm120._plain_functions_only(tree, {"sglang.m": new})
+    assert sm120._plain_functions_only(tree, {"sglang.m": tree.source("sglang.m").replace("1", "2")}) is None

@@ -1,4 +1,4 @@
-"""A server's imports with the defaults on: import sglang and every default patch's target module (those this
+"""A server's imports with the defaults on (or the opt-ins the environment gives): import sglang and every default patch's target module (those this
 release has), then report which sglang_pcie modules were loaded and what each patch recorded."""
 import importlib, json, sys
 import sglang
@@ -15,4 +15,5 @@ print(json.dumps({
     "loaded": sorted(m for m in sys.modules if m.startswith("sglang_pcie.")),
     "switched_off": sorted(activate.SWITCHED_OFF),
     "results": {i: {m: r.status for m, r in rs.items()} for i, rs in activate.RESULTS.items()},
+    "details": {i: {m: r.detail for m, r in rs.items()} for i, rs in activate.RESULTS.items()},
 }))

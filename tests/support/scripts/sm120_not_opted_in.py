@@ -3,7 +3,7 @@ import importlib, json
 from pathlib import Path
 import sglang
 from sglang_pcie.runtime import activate
-from sglang_pcie.patching import code_swap
+from sglang_pcie.runtime import code_swap
 from sglang_pcie.patches.sm120_allreduce_fusion import check as sm120
 state = {"switched_off": activate.SWITCHED_OFF.get(sm120.PATCH_ID)}
 for module_name, gate_name in sm120.GATE_LOCATIONS:

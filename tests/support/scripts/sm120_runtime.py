@@ -5,7 +5,7 @@ import torch
 import sglang
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.engine import is_patched
-from sglang_pcie.patching import code_swap
+from sglang_pcie.runtime import code_swap
 from sglang_pcie.patches.sm120_allreduce_fusion import check as sm120
 from sglang_pcie.patches.sm120_allreduce_fusion import check_inserted as inserted
 from sglang_pcie.runtime.settings import for_process

@@ -1,11 +1,12 @@
 """The one way a patch makes a live module run rewritten source: swap the code of the functions it changes.
 
-A patch whose change is written as source (``rewrite``: the versioned diffs are that text) applies it at runtime
-by compiling the new source and putting each changed function's new code into the existing function object
-(``__code__``), so every module that imported the function by name sees the change too. Statements the rewrite
-adds run in the module; functions it adds are defined from the whole new module's code (the compiler's output
-depends on the module around a function, and the code must be the very code the diffed file compiles to).
-All or nothing: everything is checked before anything changes; idempotent through the patch's mark.
+A patch whose change is written as source (``rewrite``: the versioned diffs are that text) applies at runtime the
+shipped diff to the installed file's text (``shipped_diffs``), compiles the result and puts each changed function's
+new code into the existing function object (``__code__``), so every module that imported the function by name sees
+the change too. Statements the diff adds run in the module; functions it adds are defined from the whole new
+module's code (the compiler's output depends on the module around a function, and the code must be the very code
+the diffed file compiles to). All or nothing: everything is checked before anything changes; idempotent through
+the patch's mark. Runs in SGLang processes: the standard library and ``runtime/`` only.
 """
 from __future__ import annotations
 
@@ -15,20 +16,7 @@ import linecache
 import sys
 from types import CodeType, FunctionType, ModuleType
 
-from sglang_pcie.patching.source import SourceTree
-from sglang_pcie.runtime.results import (APPLICABLE, APPLIED, DRIFTED, NOT_APPLICABLE, Drift, Result, is_patched,
-                                         mark)
-
-
-def install(module: ModuleType, old_source: str, rewritten: tuple[str, str, dict[str, str]], patch_id: str) -> Result:
-    """A code-swap patch's ``install``: ``rewritten`` is its (status, detail, {module: new source}) for the
-    installed release; the status where that is not applicable, else ``module``'s new source swapped in."""
-    status, detail, sources = rewritten
-    if status != APPLICABLE:
-        return Result(status, detail)
-    if module.__name__ not in sources:
-        return Result(NOT_APPLICABLE, f"nothing to change in {module.__name__} on this release")
-    return swap_in(module, old_source, sources[module.__name__], patch_id)
+from sglang_pcie.runtime.results import APPLIED, DRIFTED, Drift, Result, is_patched, mark
 
 
 def not_swapped(modules, sources: dict[str, str], patch_id: str) -> Result | None:
@@ -99,18 +87,6 @@ def _added(added: list[ast.stmt], new_code: CodeType) -> tuple[dict[str, CodeTyp
                 raise Drift(f"{node.module} does not define {', '.join(missing)} (its patch did not apply)")
     statements = [node for node in added if not (isinstance(node, ast.FunctionDef) and node.name in new_functions)]
     return new_functions, statements
-
-
-def plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
-    """The code swap changes plain functions only: a decorated one (lru_cache, torch.compiler.disable...) is
-    another object in the live module. Drift, before anything runs, where the rewrite changes one."""
-    for module, new_source in sources.items():
-        changed, _ = top_level_changes(tree.source(module), new_source)
-        for node in tree.tree(module).body:
-            if isinstance(node, ast.FunctionDef) and node.name in changed and node.decorator_list:
-                decorators = ", ".join("@" + ast.unparse(d) for d in node.decorator_list)
-                raise Drift(f"{module}.{node.name} is decorated ({decorators}); the patch swaps the code of plain "
-                            "functions only")
 
 
 def top_level_changes(old_source: str, new_source: str) -> tuple[list[str], list[ast.stmt]]:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sglang_pcie.patching import code_swap
-from sglang_pcie.runtime.results import APPLICABLE, APPLIED, DRIFTED, NOT_APPLICABLE, UPSTREAM, is_patched, mark
+from sglang_pcie.runtime import code_swap
+from sglang_pcie.runtime.results import APPLIED, DRIFTED, is_patched, mark
 
 OLD = "def gate():\n    return False\n\n\ndef other():\n    return 1\n"
 NEW = "def _helper():\n    return True\n\n\ndef gate():\n    return _helper()\n\n\ndef other():\n    return 1\n"
@@ -27,21 +27,15 @@ def live(tmp_path, monkeypatch):
     return module
 
 
-def test_install_swaps_the_changed_function_in_place_and_marks_it(live):
+def test_the_swap_puts_the_changed_function_in_place_and_marks_it(live):
     held = live.gate  # a caller that imported it by name
     assert code_swap.not_swapped({"swap_target": live}, {"swap_target": NEW}, "p").status == DRIFTED
-    result = code_swap.install(live, inspect.getsource(live), (APPLICABLE, "", {"swap_target": NEW}), "p")
+    result = code_swap.swap_in(live, inspect.getsource(live), NEW, "p")
     assert result.status == APPLIED and held() is True and held is live.gate
     assert is_patched(live.gate, "p") and is_patched(live._helper, "p") and not is_patched(live.other, "p")
     assert code_swap.not_swapped({"swap_target": live}, {"swap_target": NEW}, "p") is None
-    again = code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": NEW}), "p")
+    again = code_swap.swap_in(live, OLD, NEW, "p")
     assert again.detail == "already applied in this process"
-
-
-def test_install_passes_on_a_status_that_is_not_applicable_and_a_module_left_unchanged(live):
-    assert code_swap.install(live, OLD, (UPSTREAM, "upstream has it", {}), "p").status == UPSTREAM
-    assert code_swap.install(live, OLD, (APPLICABLE, "", {"elsewhere": NEW}), "p").status == NOT_APPLICABLE
-    assert live.gate() is False
 
 
 def test_a_module_the_rewrite_changes_that_was_not_imported_is_drift():
@@ -52,18 +46,18 @@ def test_a_module_the_rewrite_changes_that_was_not_imported_is_drift():
 def test_a_live_function_that_is_no_longer_the_one_in_the_file_is_drift_and_nothing_changes(live):
     live.gate.__code__ = (lambda: "someone else's").__code__  # another tool swapped it first
     with pytest.raises(code_swap.Drift, match=r"swap_target.gate in memory is not the one in .*swap_target.py"):
-        code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": NEW}), "p")
+        code_swap.swap_in(live, OLD, NEW, "p")
     assert live.gate() == "someone else's" and not hasattr(live, "_helper") and not is_patched(live.gate, "p")
 
 
 def test_a_changed_name_that_is_not_a_function_in_the_process_is_drift(live):
     live.gate = staticmethod(lambda: False)
     with pytest.raises(code_swap.Drift, match=r"^swap_target.gate is not a function in this process$"):
-        code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": NEW}), "p")
+        code_swap.swap_in(live, OLD, NEW, "p")
 
 
 def test_the_runtime_check_names_a_function_the_rewrite_adds_that_is_not_marked(live):
-    code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": NEW}), "p")
+    code_swap.swap_in(live, OLD, NEW, "p")
     live._helper = lambda: True  # the added helper replaced by an unmarked one
     result = code_swap.not_swapped({"swap_target": live}, {"swap_target": NEW}, "p")
     assert (result.status, result.detail) == (DRIFTED, "swap_target: not patched in this process: _helper")
@@ -77,8 +71,8 @@ def test_before_the_swap_the_runtime_check_names_every_function_changed_or_added
     assert result.detail == "swap_target: not patched in this process: gate, _helper"
 
 
-def test_install_says_what_it_patched_and_defined_and_the_swapped_code_shows_the_patched_text(live):
-    result = code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": NEW}), "p")
+def test_the_swap_says_what_it_patched_and_defined_and_the_swapped_code_shows_the_patched_text(live):
+    result = code_swap.swap_in(live, OLD, NEW, "p")
     assert result.detail == "patched gate; defined _helper"
     assert inspect.getsource(live.gate) == "def gate():\n    return _helper()\n"
     assert live.gate.__code__.co_filename.endswith("swap_target.py (patched by sglang-pcie p)")
@@ -86,7 +80,7 @@ def test_install_says_what_it_patched_and_defined_and_the_swapped_code_shows_the
 
 def test_added_statements_run_in_the_module_and_a_function_with_defaults_is_refused(live):
     with_statement = NEW + "\nLIMIT = 3\n"
-    result = code_swap.install(live, OLD, (APPLICABLE, "", {"swap_target": with_statement}), "p")
+    result = code_swap.swap_in(live, OLD, with_statement, "p")
     assert live.LIMIT == 3 and result.detail == "patched gate; defined _helper, LIMIT"
     with pytest.raises(code_swap.Drift, match=r"^late: the runtime patch defines plain functions only$"):
         code_swap.swap_in(live, OLD, OLD + "\n\ndef late(x=1):\n    return x\n", "q")
@@ -119,16 +113,3 @@ def test_a_function_compiled_other_than_once_is_drift():
         code_swap.code_of(twice, "f")
     with pytest.raises(code_swap.Drift, match=r"^g is compiled 0 times in m.py$"):
         code_swap.code_of(twice, "g")
-
-
-def test_plain_functions_only_refuses_a_changed_decorated_function_and_passes_a_plain_one(tmp_path):
-    package = tmp_path / "sglang"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "m.py").write_text("import functools\n\n\n@functools.lru_cache\ndef gate():\n    return False\n\n\n"
-                                  "def other():\n    return 1\n")
-    tree = code_swap.SourceTree(tmp_path)
-    new = tree.source("sglang.m").replace("return False", "return True")
-    with pytest.raises(code_swap.Drift, match=r"^sglang.m.gate is decorated \(@functools.lru_cache\); "):
-        code_swap.plain_functions_only(tree, {"sglang.m": new})
-    assert code_swap.plain_functions_only(tree, {"sglang.m": tree.source("sglang.m").replace("1", "2")}) is None
