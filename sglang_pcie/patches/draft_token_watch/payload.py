@@ -74,11 +74,22 @@ def wrap(function, kind: str = "v2", settings=None):
         watch.calls += 1
         if watch.calls % watch.stride:  # a verify not counted: no clock read, no work (docs: its measured cost)
             return function(self, batch, *args, **kwargs)
-        verify_input = getattr(batch, "spec_info", None)  # before: verify rebinds batch.spec_info (v1)
+        verify_input = _verify_input(kind, batch, args, kwargs)  # before: verify rebinds batch.spec_info (v1)
         result = function(self, batch, *args, **kwargs)
         watch.after_verify(self, batch, verify_input, result, kind)
         return result
     return mark(verify_watched, PATCH_ID)
+
+
+def _verify_input(kind: str, batch, args: tuple, kwargs: dict):
+    """What the verify checks: v1 up to 0.5.11 is called as ``verify(batch, spec_info)`` while ``batch.spec_info``
+    still holds the draft input; v1 from 0.5.12 and v2 read it from ``batch.spec_info`` (v2's other parameters are
+    not the verify input)."""
+    if kind == "v1":
+        given = args[0] if args else kwargs.get("spec_info")
+        if given is not None:
+            return given
+    return getattr(batch, "spec_info", None)
 
 
 _WATCH: "DraftWatch | None" = None  # one per process: the process's EAGLE worker
@@ -159,13 +170,14 @@ class DraftWatch:
     def _bind(self, worker, batch, verify_input) -> bool:
         import torch
 
-        from sglang_pcie.runtime.server_facts import describe_server
+        from sglang_pcie.runtime.server_facts import describe_server, tp_rank
 
         server_args = getattr(worker, "server_args", None)
         self.server = describe_server(server_args)
         self.logger = logging.getLogger(type(worker).__module__)
         topk = getattr(worker, "topk", getattr(server_args, "speculative_eagle_topk", 1))
-        if getattr(worker, "tp_rank", 0) != 0 or (topk or 1) != 1 or verify_input is None:
+        # The rank where each release keeps it (0.5.23's EAGLEWorkerV2 has no tp_rank: SGLang's parallel state).
+        if tp_rank(worker) != 0 or (topk or 1) != 1 or verify_input is None:
             self.state = OFF  # other TP ranks see the same drafts; trees are not watched (docs)
             return False
         draft = getattr(verify_input, "draft_token", None)

@@ -78,7 +78,8 @@ from sglang_pcie.patches.eagle3_profile.profiler import (DEFAULT_INTERVAL, DRAIN
                                                          READ_PER_CALL, SAMPLE_MAX, SAMPLE_START, TIMED_PER_INTERVAL,
                                                          Profiler, cycle_kind)
 from sglang_pcie.patches.eagle3_profile.prometheus import ACCEPT_BUCKETS, PHASE_BUCKETS, PrometheusExport
-from sglang_pcie.patches.eagle3_profile.ranks import spec_settings, tp_rank, worker_ranks
+from sglang_pcie.patches.eagle3_profile.ranks import spec_settings
+from sglang_pcie.runtime.server_facts import tp_rank, worker_ranks
 from sglang_pcie.runtime.server_facts import metrics_enabled, model_name
 from sglang_pcie.patches.eagle3_profile.slots import MAX_SPANS, NEXT_MARK, Slot
 from sglang_pcie.patches.eagle3_profile.records import (CYCLE, DECODE, HOST_BOUND_BELOW, IDLE, LOG_PREFIX, PHASES,

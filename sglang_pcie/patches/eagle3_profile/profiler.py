@@ -13,7 +13,8 @@ from enum import Enum
 from sglang_pcie.patches.eagle3_profile.clocks import default_clock
 from sglang_pcie.patches.eagle3_profile.process import install_exit_flush, run_identity
 from sglang_pcie.patches.eagle3_profile.prometheus import PrometheusExport
-from sglang_pcie.patches.eagle3_profile.ranks import spec_settings, worker_ranks
+from sglang_pcie.patches.eagle3_profile.ranks import spec_settings
+from sglang_pcie.runtime.server_facts import worker_ranks
 from sglang_pcie.runtime.server_facts import metrics_enabled, model_name
 from sglang_pcie.patches.eagle3_profile.readback import ReadBack
 from sglang_pcie.patches.eagle3_profile.records import (DECODE, IDLE, LOG_PREFIX, PREFILL, IntervalStats,

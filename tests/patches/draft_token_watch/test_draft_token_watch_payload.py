@@ -259,6 +259,22 @@ def test_other_tp_ranks_and_trees_are_left_alone_silently(scenarios, case):
 
 
 @pytest.mark.release
+def test_v1_counts_the_verify_input_it_is_called_with_not_the_batchs_draft_input(scenarios):
+    """0.5.8-0.5.11 call ``verify(batch, spec_info)`` with ``batch.spec_info`` still the draft input."""
+    assert scenarios["v1_spec_info"] == {"state": dw.WATCHING, "lines": [], "proposed": 4}
+
+
+@pytest.mark.release
+def test_the_tp_rank_comes_from_sglangs_parallel_state_where_the_worker_has_none(scenarios):
+    """0.5.23's EAGLEWorkerV2 (the real class) has no tp_rank: every rank would count and warn. Rank 1, as SGLang's
+    runtime context says, is left alone; rank 0 watches."""
+    ranks = scenarios["rank_from_sglang"]
+    assert ranks["has_tp_rank"] is False
+    assert ranks["rank_1"] == {"state": dw.OFF, "bound": False, "lines": []}
+    assert ranks["rank_0"] == {"state": dw.WATCHING, "bound": True, "lines": []}
+
+
+@pytest.mark.release
 def test_an_error_turns_the_watch_off_with_one_line_and_never_reaches_sglang(scenarios):
     error = scenarios["error"]
     assert error["returned"] == "not a tensor" and error["state"] == dw.OFF

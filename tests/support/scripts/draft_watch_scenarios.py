@@ -210,6 +210,45 @@ def graph_capture():
     return {"steps": steps, "proposed": [t for t in range(50) for _ in range(c[t])], "state": watch.state}
 
 
+def v1_called_with_its_verify_input():
+    """v1 up to 0.5.11 is called as ``verify(batch, spec_info)`` while ``batch.spec_info`` still holds the draft
+    input (0.5.9's scheduler): the watch counts the spec_info it is handed."""
+    watch, clock = fresh()
+
+    def verify_0_5_9(self, b, spec_info):
+        return ("logits", NS(num_correct_drafts_per_req_cpu=list(b.accepted)), True)
+
+    wrapped = dw.wrap(verify_0_5_9, "v1")
+    for _ in range(2):
+        clock.now += 0.01
+        given = batch([1, 2], [1, 0])
+        wrapped(worker(), NS(spec_info=NS(kind="the draft input"), accepted=given.accepted), given.spec_info)
+    if watch.counts is None:  # never bound (the bug: it read the draft input and went off)
+        return {"state": watch.state, "lines": watch.lines, "proposed": None}
+    watch.count_buffered()
+    return {"state": watch.state, "lines": watch.lines, "proposed": int(watch.counts[:50].sum())}
+
+
+def rank_from_sglang():
+    """0.5.23's EAGLEWorkerV2 has no tp_rank: the rank comes from SGLang's parallel state (runtime_context), here
+    set through its own override; rank 1 is left alone, rank 0 watches."""
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    real = object.__new__(EAGLEWorkerV2)
+    template = worker()
+    real.server_args, real.topk, real._target_worker = template.server_args, 1, template.target_worker
+    out = {"has_tp_rank": hasattr(real, "tp_rank")}
+    for rank in (1, 0):
+        watch, clock = fresh()
+        wrapped = dw.wrap(v2_verify, "v2")
+        with get_parallel().override(tp_rank=rank):
+            clock.now += 0.01
+            wrapped(real, batch([1, 2], [1, 1]))
+        out[f"rank_{rank}"] = {"state": watch.state, "bound": watch.counts is not None, "lines": watch.lines}
+    return out
+
+
 def error():
     watch, clock = fresh()
     wrapped = dw.wrap(lambda self, b: NS(accept_lens="not a tensor"), "v2")
@@ -224,5 +263,6 @@ print(json.dumps({
     "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
     "error": error(), "no_drafts": no_drafts(), "buffer_wraps": buffer_wraps(),
     "repeated_contexts": repeated_contexts(), "graph_capture": graph_capture(),
-    "read_backs": read_backs(),
+    "read_backs": read_backs(), "v1_spec_info": v1_called_with_its_verify_input(),
+    "rank_from_sglang": rank_from_sglang(),
 }))
