@@ -88,6 +88,10 @@ def wrap(function, settings=None):
 _WATCH: "AcceptWatch | None" = None  # one per process: the process's TokenizerManager
 
 
+ADAPTIVE_OFF = (f"{LOG_PREFIX}: off in this server: with --speculative-adaptive a verify may run 0 draft steps, "
+                "which accept length cannot tell from a broken drafter (check it offline: sglang-pcie check-drafter)")
+
+
 def get_watch() -> "AcceptWatch":
     global _WATCH
     if _WATCH is None:
@@ -150,6 +154,14 @@ class AcceptWatch:
         self.server = describe_server(server_args)
         if self.server["algorithm"] not in WATCHED_ALGORITHMS:
             self.state = OFF  # NGRAM, STANDALONE: no drafter model of the kind this alarm knows
+            return False
+        if getattr(server_args, "speculative_adaptive", False) is True:
+            # Adaptive steps may verify with 0 draft steps (SGLang's own table from 0.5.14 at 8 running requests and
+            # up): accept length 1.00 by construction, which a finished request's counters cannot tell from rejected
+            # drafts. A healthy drafter's server said "looks broken" so (tune-spec-lease4/NOTE.txt).
+            self.state = OFF
+            self.lines.append(ADAPTIVE_OFF)
+            self.logger.info(ADAPTIVE_OFF)
             return False
         self.field = next((f for f in ACCEPTED_FIELDS if hasattr(recv_obj, f)), None)
         if self.field is None or not hasattr(recv_obj, VERIFY_FIELD):

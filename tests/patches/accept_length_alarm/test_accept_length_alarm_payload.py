@@ -161,6 +161,20 @@ def test_other_speculative_algorithms_are_not_watched(caplog_module, algorithm):
     assert watch.state == aa.OFF and warnings(caplog_module) == []
 
 
+def test_adaptive_steps_turn_the_alarm_off_with_one_info_line_never_a_warning(caplog_module):
+    """Step 0 of SGLang's adaptive steps verifies without drafts (accept length 1.00): a healthy drafter's server
+    with a table of step 0 at batch 32 was told "looks broken" (H100, 0.5.16, tune-spec-lease4)."""
+    watch = aa.AcceptWatch()
+    caplog_module.set_level(logging.INFO, logger=MODULE)
+    feed(watch, ns(server_args=server_args(speculative_adaptive=True)), [(40, 0)] * 20)
+    assert watch.state == aa.OFF and warnings(caplog_module) == [] and watch.lines == [aa.ADAPTIVE_OFF]
+    infos = [r.getMessage() for r in caplog_module.records if r.name == MODULE and r.levelno == logging.INFO]
+    assert infos == [aa.ADAPTIVE_OFF]
+    fixed = aa.AcceptWatch()  # the same traffic without adaptive steps: the alarm
+    feed(fixed, ns(server_args=server_args(speculative_adaptive=False)), [(40, 0)] * 20)
+    assert fixed.state == aa.ALARMED
+
+
 def test_eagle_v1_drafters_warn_without_the_eagle3_check(caplog_module):
     watch = aa.AcceptWatch()
     feed(watch, ns(server_args=server_args(speculative_algorithm="EAGLE")), [(40, 0)] * 8)
