@@ -122,12 +122,12 @@ def apply(text: str, hunks: list[Hunk], name: str) -> str:
     cursor = 0  # lines before this are done
     offset = 0  # how far the hunks found so far sat from where they said
     for number, hunk in enumerate(hunks, 1):
-        expected = max(hunk.old_start - 1 + (0 if hunk.old else 1), cursor) + offset
-        at = _find(lines, hunk.old, expected, cursor)
+        start = hunk.old_start - 1 + (0 if hunk.old else 1)  # 0-based; a pure addition goes after its line
+        at = _find(lines, hunk.old, start + offset, cursor)
         if at is None:
             raise Drift(f"{name}: hunk {number} of {len(hunks)} (at line {hunk.old_start}) does not match the "
                         "installed file")
-        offset = at - (hunk.old_start - 1 + (0 if hunk.old else 1))
+        offset = at - start
         out.extend(lines[cursor:at])
         out.extend(hunk.new)
         cursor = at + len(hunk.old)

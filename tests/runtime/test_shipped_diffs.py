@@ -41,6 +41,8 @@ def test_a_hunk_is_found_where_a_newer_release_moved_it():
     hunks = shipped_diffs.parse(diff_of(OLD, changed(OLD)))["sglang/m.py"]
     moved = "import os\nimport sys\n" + OLD.replace("line 20\n", "line 20\nextra 1\nextra 2\nextra 3\n")
     assert shipped_diffs.apply(moved, hunks, "m.py") == changed(moved)
+    earlier = OLD.replace("line 1\n", "").replace("line 15\nline 16\n", "")  # lines removed above the hunks
+    assert shipped_diffs.apply(earlier, hunks, "m.py") == changed(earlier)
 
 
 def test_a_hunk_whose_context_changed_is_drift_naming_it():
