@@ -15,6 +15,7 @@ from pathlib import Path
 import sglang_pcie
 from sglang_pcie.patching.engine import Patch
 from sglang_pcie.patching.source import SourceTree
+from sglang_pcie.runtime import shipped_diffs
 
 def unified_diff(tree: SourceTree, rewritten: dict[str, str]) -> str:
     """One unified diff (``a/`` ``b/`` prefixes, paths relative to the folder holding ``sglang``)."""
@@ -40,12 +41,12 @@ class DiffError(Exception):
 
 
 def diffs_root() -> Path:
-    """The packaged diffs (wheel install), else the checkout's ``diffs/`` folder (editable install)."""
-    package = Path(sglang_pcie.__file__).parent
-    for candidate in (package / "diffs", package.parent / "diffs"):
-        if candidate.is_dir():
-            return candidate
-    raise DiffError(f"no diffs folder found beside {package}")
+    """The packaged diffs (wheel install), else the checkout's ``diffs/`` folder (editable install): where a server
+    finds them too (``runtime/shipped_diffs``)."""
+    root = shipped_diffs.diffs_root()
+    if root is None:
+        raise DiffError(f"no diffs folder found beside {Path(sglang_pcie.__file__).parent}")
+    return root
 
 
 def releases_with_diffs(root: Path | None = None) -> list[str]:

@@ -65,14 +65,11 @@ class Patch:
         return hooks.apply(self.entry.row, module, settings)
 
     def install(self, module: ModuleType, settings) -> Result:
-        """The patch's own change to ``module``; raise ``Drift`` if it has the wrong shape. A wrap patch's comes
-        from its hooks (``runtime/hooks.py``); a patch without hooks writes its own.
-
-        Must be idempotent and all-or-nothing: check everything before changing anything.
+        """The patch's own change to ``module``; raises ``Drift`` if it has the wrong shape. A wrap patch's comes
+        from its hooks (``runtime/hooks.py``); a patch without hooks names its own in its row (``install``, in its
+        folder's server half). Idempotent and all-or-nothing: everything is checked before anything changes.
         """
-        if self.entry.row.hooks:
-            return hooks.install(self.entry.row, module, settings)
-        raise NotImplementedError
+        return hooks.run_install(self.entry.row, module, settings)
 
     def rewrite(self, tree: SourceTree) -> dict[str, str]:
         """The source-level equivalent of ``apply``: {module name: new source}; {} where none is needed. A wrap

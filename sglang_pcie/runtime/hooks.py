@@ -36,6 +36,11 @@ def apply(row: patch_table.Row, module: ModuleType, settings) -> Result:
     outside = release_gate(row, getattr(sys.modules.get("sglang"), "__version__", None))
     if outside is not None:
         return outside
+    return run_install(row, module, settings)
+
+
+def run_install(row: patch_table.Row, module: ModuleType, settings) -> Result:
+    """The row's install on ``module``: from its hooks, or the function its ``install`` names."""
     if row.hooks:
         return install(row, module, settings)
     return _call(row.install, module, settings)

@@ -29,7 +29,7 @@ class Hunk:
 def diffs_root() -> Path | None:
     """The packaged diffs (wheel install), else the checkout's ``diffs/`` folder (editable install); None when
     neither exists."""
-    package = Path(__file__).resolve().parent.parent
+    package = Path(__file__).parent.parent  # the sglang_pcie package
     for candidate in (package / "diffs", package.parent / "diffs"):
         if candidate.is_dir():
             return candidate

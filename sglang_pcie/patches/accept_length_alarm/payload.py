@@ -85,11 +85,11 @@ def wrap(function, settings=None):
     return mark(spec_decoding_metrics_watched, PATCH_ID)
 
 
-_WATCH: "AcceptWatch | None" = None  # one per process: the process's TokenizerManager
-
-
 ADAPTIVE_OFF = (f"{LOG_PREFIX}: off in this server: with --speculative-adaptive a verify may run 0 draft steps, "
                 "which accept length cannot tell from a broken drafter (check it offline: sglang-pcie check-drafter)")
+
+
+_WATCH: "AcceptWatch | None" = None  # one per process: the process's TokenizerManager
 
 
 def get_watch() -> "AcceptWatch":

@@ -17,7 +17,7 @@ from sglang_pcie.patching import baked, register
 from sglang_pcie.patching.edits import SourceEdits
 from sglang_pcie.patching.source import SourceTree
 from sglang_pcie.patching.source_text import attribute_and_keyword_names, in_release_span
-from sglang_pcie.patches.eagle3_profile import install as runtime_install, payload as eagle_profiler
+from sglang_pcie.patches.eagle3_profile import payload as eagle_profiler
 from sglang_pcie.patches.eagle3_profile.install import TARGETS, V1, V2, describe as _describe, methods as _methods
 
 # The covered releases that have each worker module (first, last; None: still there in the newest). Where a
@@ -71,9 +71,6 @@ class Eagle3Profile(Patch):
                 if f"{DIFF_MARKER} {self.id}" not in tree.source(module)}
 
     # -- runtime
-
-    def install(self, module: ModuleType, settings) -> Result:
-        return runtime_install.install(module, settings)
 
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         reason = self.disabled_reason(settings)

@@ -88,9 +88,6 @@ class Sm120AllreduceFusion(Patch):
 
     # -- runtime
 
-    def install(self, module: ModuleType, settings) -> Result:
-        return swap.install(module, settings)
-
     def check_runtime(self, modules: Mapping[str, ModuleType], settings) -> Result:
         """In effect where every function the shipped diff changes or adds carries the patch's mark."""
         root = installed_sglang_root()
@@ -181,7 +178,6 @@ def _plain_functions_only(tree: SourceTree, sources: dict[str, str]) -> None:
                 decorators = ", ".join("@" + ast.unparse(d) for d in node.decorator_list)
                 raise Drift(f"{module}.{node.name} is decorated ({decorators}); the patch swaps the code of plain "
                             "functions only")
-
 
 
 def _host_helper(tree: SourceTree, gate_module: str, gate_tree: ast.Module, fusion_tree: ast.Module,
@@ -414,6 +410,3 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
     if len(found) > 1:
         raise Drift(f"{name} is defined {len(found)} times")
     return found[0] if found else None
-
-
-# -- the runtime side: the same text, compiled into the live modules
