@@ -16,6 +16,7 @@
 #                              wrote as the candidate `table` where it wrote one (dropped from CANDIDATES where not):
 #                              the reference for the search's answer, and the tuned table against SGLang's default
 #                              table and the best fixed setting in counterbalanced repeats
+# LEVELS (8b only, default 1,32): the concurrencies each server measures, e.g. 1,31,32 for the edge below bucket 32.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
@@ -40,7 +41,7 @@ pair_args() {
 }
 levels_of() {  # the host-bound pair's servers measure longer windows (its c=32 run of 128 requests took 2 s)
   case $1 in
-    8b) echo --concurrency 1,32 --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256 \
+    8b) echo --concurrency ${LEVELS:-1,32} --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256 \
           --start-timeout 420;;
     *) echo --concurrency 1,32 --batch-requests 512 --stream-requests 16 --input-len 128 --output-len 256 \
           --start-timeout 420;;
