@@ -82,6 +82,7 @@ class Row:
 
 
 _PROPOSED = "first drafts per token, sampled"
+_MAP_AT_LOAD = "checking the vocabulary map at load (the drafter's lm_head rows against the target's)"
 TABLE = (
     Row(id="sm120-allreduce-fusion",
         module="sglang_pcie.patches.sm120_allreduce_fusion.check",
@@ -126,7 +127,13 @@ TABLE = (
                Hook("sglang.srt.speculative.eagle_worker", "EAGLEWorker.verify", args=("v1",),
                     parameters=("self", "batch"), optional=True, diff="at-end",
                     says=f"watching v1 EAGLEWorker.verify ({_PROPOSED}; reads accept_length_per_req_cpu or "
-                         "num_accepted_drafts_per_req_cpu or num_correct_drafts_per_req_cpu)"))),
+                         "num_accepted_drafts_per_req_cpu or num_correct_drafts_per_req_cpu)"),
+               Hook("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker.init_lm_head", args=("load-v2",),
+                    parameters=("self",), optional=True, diff="at-end",
+                    says=f"{_MAP_AT_LOAD} after v2 EagleDraftWorker.init_lm_head"),
+               Hook("sglang.srt.speculative.eagle_worker", "EAGLEWorker.init_cuda_graphs", args=("load-v1",),
+                    parameters=("self",), optional=True, diff="at-end",
+                    says=f"{_MAP_AT_LOAD} before v1 EAGLEWorker.init_cuda_graphs"))),
 )
 
 

@@ -34,6 +34,10 @@ TARGETS = {
     V1: ("v1", "EAGLEWorker", draft_watch.V1_FIELDS),
     V2: ("v2", "EAGLEWorkerV2", ("accept_lens",)),
 }
+# module -> (class, method): the worker's set-up step that follows the vocabulary map and the heads, which the map
+# check at load follows (v2) or precedes (v1), and the names the check reads on the worker there
+LOAD_STEPS = {V2: ("EagleDraftWorker", "init_lm_head"), V1: ("EAGLEWorker", "init_cuda_graphs")}
+LOAD_NAMES = ("hot_token_id", "target_worker")
 # The covered releases that have each worker module (first, last; None: still there in the newest).
 # Where those fields are declared: v1's verify output class (EagleVerifyOutput, in eagle_info), v2's result class.
 FIELD_MODULES = {V1: (V1, INFO), V2: (RESULTS,)}
@@ -57,6 +61,7 @@ class DraftTokenWatch(Patch):
                 continue
             present[module] = kind
             problems.extend(f"{module}: {p}" for p in _shape_problems(tree, module, cls_name, fields))
+            problems.extend(f"{module}: {p}" for p in _load_step_problems(tree, module))
         if present and "draft_token" not in _names(tree, INFO):
             problems.append(f"{INFO}: EagleVerifyInput no longer has draft_token (the drafts the watch counts)")
         return present, problems
@@ -94,6 +99,22 @@ def _expected(module: str, version: str) -> bool:
 def _names(tree: SourceTree, module: str) -> set[str]:
     """Attribute, keyword and annotated names in ``module`` (empty where it is missing)."""
     return attribute_and_keyword_names(tree.tree(module) if tree.source(module) is not None else None)
+
+
+def _load_step_problems(tree: SourceTree, module: str) -> list[str]:
+    """Where the map check at load hooks in ``module``, and the names it reads on the worker there."""
+    cls_name, method = LOAD_STEPS[module]
+    if tree.find_class(module, cls_name) is None:
+        return [f"class {cls_name} missing (the map check at load follows its {method})"]
+    found = tree.method(module, cls_name, method, concrete=True)
+    if found is None:
+        return [f"{cls_name}.{method} missing (the map check at load follows it)"]
+    parameters = tuple(a.arg for a in found[2].args.posonlyargs + found[2].args.args)
+    if parameters[:1] != ("self",) or isinstance(found[2], ast.AsyncFunctionDef):
+        return [f"{cls_name}.{method} is no plain method any more"]
+    defining = found[0]  # the class may live in another module and be imported back (the hook wraps it there)
+    missing = [name for name in LOAD_NAMES if name not in _names(tree, defining)]
+    return [f"{defining} no longer names {', '.join(missing)} (what the map check at load reads)"] if missing else []
 
 
 def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:

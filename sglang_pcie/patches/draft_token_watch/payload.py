@@ -65,7 +65,13 @@ WATCHING, WARNED, OFF = "watching", "warned", "off"
 
 def wrap(function, kind: str = "v2", settings=None):
     """``function`` (an EAGLE worker's ``verify``; ``kind`` v1 or v2: what it returns) followed by the watch (which
-    reads no setting)."""
+    reads no setting); with ``kind`` load-v2 / load-v1, the worker's set-up step that follows the vocabulary map and
+    the heads, with the map's check at load (``map_check``)."""
+    if kind in ("load-v2", "load-v1"):
+        from sglang_pcie.patches.draft_token_watch import map_check
+
+        return mark(map_check.wrap_load(function, kind), PATCH_ID)
+
     @functools.wraps(function)
     def verify_watched(self, batch, *args, **kwargs):
         watch = _WATCH or get_watch()

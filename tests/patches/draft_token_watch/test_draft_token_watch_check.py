@@ -56,7 +56,9 @@ def test_the_diff_applies_beside_eagle3_profiles_compiles_and_reads_as_applied(p
     for module in (V1, V2):
         if tree.source(module) is not None:
             compile(tree.source(module), module, "exec", dont_inherit=True)
-            assert tree.source(module).rstrip().endswith(".verify)  # sglang-pcie: draft-token-watch")
+            assert ".verify)  # sglang-pcie: draft-token-watch\n" in tree.source(module)
+            load_step = "EagleDraftWorker.init_lm_head" if module == V2 else "EAGLEWorker.init_cuda_graphs"
+            assert tree.source(module).rstrip().endswith(f"({load_step})  # sglang-pcie: draft-token-watch")
 
 
 def test_a_renamed_accepted_drafts_field_is_drift_naming_it(pristine_source, tmp_path):
@@ -69,8 +71,17 @@ def test_a_renamed_accepted_drafts_field_is_drift_naming_it(pristine_source, tmp
 
 
 def _module(name, verify):
+    """A worker module as SGLang's: the worker class with ``verify`` and the set-up step the map check follows (v2:
+    ``EagleDraftWorker.init_lm_head``, v1: ``EAGLEWorker.init_cuda_graphs``)."""
     module = types.ModuleType(name)
-    cls = type("EAGLEWorkerV2" if name == V2 else "EAGLEWorker", (), {"verify": verify})
+
+    def set_up(self):
+        return None
+    if name == V2:
+        cls = type("EAGLEWorkerV2", (), {"verify": verify})
+        module.EagleDraftWorker = type("EagleDraftWorker", (), {"init_lm_head": set_up})
+    else:
+        cls = type("EAGLEWorker", (), {"verify": verify, "init_cuda_graphs": set_up})
     setattr(module, cls.__name__, cls)
     return module, cls
 
@@ -106,12 +117,16 @@ def test_check_runtime_says_disabled_when_switched_off_and_names_what_is_not_wat
     assert PATCH.check_runtime({}, on) == Result(NOT_APPLICABLE, f"none of {V2}, {V1} in this release")
     old, _ = _module(V1, lambda self, batch: None)
     assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, (
-        "not in effect in this process: EAGLEWorkerV2.verify is not wrapped; EAGLEWorker.verify is not wrapped"))
+        "not in effect in this process: EAGLEWorkerV2.verify is not wrapped; EAGLEWorker.verify is not wrapped; "
+        "EagleDraftWorker.init_lm_head is not wrapped; EAGLEWorker.init_cuda_graphs is not wrapped"))
     PATCH.install(module, on)
-    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(
-        DRIFTED, "not in effect in this process: EAGLEWorker.verify is not wrapped")
+    assert PATCH.check_runtime({V1: old, V2: module}, on) == Result(DRIFTED, (
+        "not in effect in this process: EAGLEWorker.verify is not wrapped; EAGLEWorker.init_cuda_graphs is not "
+        "wrapped"))
     assert PATCH.check_runtime({V2: module}, on) == Result(APPLIED, (
-        "watching v2 EAGLEWorkerV2.verify (first drafts per token, sampled; reads accept_lens)"))
+        "watching v2 EAGLEWorkerV2.verify (first drafts per token, sampled; reads accept_lens); checking the "
+        "vocabulary map at load (the drafter's lm_head rows against the target's) after v2 "
+        "EagleDraftWorker.init_lm_head"))
     assert PATCH.check_runtime({V2: module}, load_settings({"SGLANG_PCIE_DISABLE_PATCHES": PATCH.id})).status == \
         DISABLED  # switched off in this process: disabled, however the class looks
 
