@@ -323,7 +323,7 @@ def warning_message(server: dict, finding: dict) -> str:
                 f"{finding['reference']} rows of the ids the map gives draft id i{finding['shift']:+d}: the map (or the "
                 "head) is shifted by one position, and SGLang serves every draft as its neighbour's token")
         return "\n".join(line for line in (
-            f"{PREFIX}: {server.get('algorithm') or 'EAGLE3'} drafter {server.get('draft')}: {what}.",
+            f"{PREFIX}: at load, {server.get('algorithm') or 'EAGLE3'} drafter {server.get('draft')}: {what}.",
             f"  check the drafter against its target: {check_command(server)}" if server else "",
             f"  ({cost(finding)}; one warning per server; switch off: SGLANG_PCIE_DISABLE_PATCHES=draft-token-watch)",
         ) if line)
@@ -333,7 +333,7 @@ def warning_message(server: dict, finding: dict) -> str:
     shown = "; ".join(f"draft id {f['draft_id']} -> target {f['d2t']} (cos {f['mapped_cos']:.2f}), its row is "
                       f"target {f['fits']}'s (cos {f['cos']:.2f})" for f in fits[:SHOWN])
     lines = [
-        f"{PREFIX}: {server.get('algorithm') or 'EAGLE3'} drafter {server.get('draft')}: its vocabulary map sends "
+        f"{PREFIX}: at load, {server.get('algorithm') or 'EAGLE3'} drafter {server.get('draft')}: its vocabulary map sends "
         f"draft ids to the wrong target tokens: {len(fits)} of {scanned:,} rows scanned are other target tokens' "
         f"{finding['reference']} rows, about {estimate:,.0f} of the {finding['rows']:,} rows checked "
         f"({estimate / finding['rows']:.1%}). SGLang serves each such draft as the mapped token, which the target "
