@@ -11,7 +11,8 @@
 # (default 3200, about a minute) batch requests: per pair a warm-up server (the first pair only), then the overlay
 # with the healthy drafter twice (with BASELINE=1 also SGLANG_PCIE_DISABLE=1 twice, counterbalanced: the A/A of the
 # default patches) and each broken drafter once (last repeat). The seconds from ready to each warning and the map
-# check's line at load: benchmarks/draft_watch_times.py over the server logs.
+# check's line at load: benchmarks/draft_watch_times.py over the server logs. A shorter run: BREAKS (the broken copies,
+# e.g. "d2t-permuted-10pct head-shifted"), REPEATS (1: each variant once), NOWARM=1 (no warm-up server).
 # Start:   PAIRS="mixed tokenwise interleaved" bash benchmarks/gpu_draft_watch.sh start      (returns at once)
 # Collect: bash benchmarks/gpu_draft_watch.sh collect    (WAIT s at most; call again WITHIN 30 s while RUNNING)
 set -u
@@ -34,13 +35,13 @@ work() {
   T0=$(date +%s)
   stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
   python3 -m sglang_pcie verify-patches > $W/verify.txt 2>&1
-  local pair m breaks warm="" base=""
+  local pair m breaks warm="${NOWARM:+--no-warmup}" base=""
   [ "${BASELINE:-0}" = 1 ] && base="--variant baseline"
   for pair in ${PAIRS:-interleaved}; do
     m=/tmp/draftwatch-models-$pair
     stamp "models $pair"
-    breaks="d2t-permuted-10pct d2t-permuted-40pct head-shifted"
-    [ $pair = mixed ] || breaks="$breaks layer-ids-plus1"
+    breaks=${BREAKS:-"d2t-permuted-10pct d2t-permuted-40pct head-shifted"}
+    [ $pair = mixed ] || [ -n "${BREAKS:-}" ] || breaks="$breaks layer-ids-plus1"
     rm -rf $m
     ( time python3 -m sglang_pcie make-test-models $m --acceptance $pair --preset e2e \
         && python3 "$REPO/benchmarks/break_drafter.py" $m/draft --only $breaks ) > $W/make-models-$pair.txt 2>&1
@@ -48,7 +49,7 @@ work() {
     local broken=() b
     for b in $breaks; do broken+=(--variant "$(variant $b $m $b 1)"); done
     stamp "bench $pair"
-    ( time python3 -m sglang_pcie bench --out $W/$pair --repeats 2 --batch-requests ${BATCH:-3200} \
+    ( time python3 -m sglang_pcie bench --out $W/$pair --repeats ${REPEATS:-2} --batch-requests ${BATCH:-3200} \
         --start-timeout 420 $warm $base --variant overlay "${broken[@]}" -- $(launch $m) ) \
         > $W/$pair.stdout 2> $W/$pair.stderr
     echo "bench exit $?" >> $W/$pair.stdout
