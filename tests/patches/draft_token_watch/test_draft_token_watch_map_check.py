@@ -84,3 +84,14 @@ def test_v1_checks_before_its_cuda_graphs_and_names_the_map(v1):
     assert v1["graph_runner"] is None  # 0.5.9's init_cuda_graphs ran after the check (graphs off: none made)
     assert [level for level, _ in v1["records"]] == ["WARNING"]
     assert "its vocabulary map sends draft ids to the wrong target tokens" in v1["records"][0][1]
+
+
+def test_tp_rank_0_compares_the_rows_its_shards_hold(v2):
+    """TP rank 0 of 2 (SGLang's shard_indices on both heads and the drafter's lm_head, padding rows after them):
+    only draft rows of its shard whose mapped target rows it holds are compared, and a 40%-permuted map is still
+    named with correct entries; the healthy map is not."""
+    wrong, healthy, hot = v2["tp2_rank0_wrong"], v2["tp2_rank0_healthy"], v2["tp2_hot"]
+    assert healthy["verdict"] == "ok" and levels(healthy) == ["INFO"]
+    assert 0 < wrong["rows"] <= healthy["rows"] <= 512  # draft ids 0..511, mapped rows below 2048
+    assert wrong["verdict"] == "wrong" and levels(wrong) == ["WARNING"]
+    assert all(f["draft_id"] < 512 and f["fits"] < 2048 and f["fits"] == hot[f["draft_id"]] for f in wrong["fits"])

@@ -22,6 +22,17 @@ class Head(torch.nn.Module):
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
 
 
+def rank_0_shard(module, rows: int):
+    """``module`` as TP rank 0 of 2 holds it: the first ``rows`` vocabulary rows, with SGLang's ``shard_indices``
+    (VocabParallelEmbedding / ParallelLMHead: absolute ids org_vocab_start_index..org_vocab_end_index), and 64
+    zero padding rows after them, as SGLang pads a shard."""
+    weight = module.weight.data
+    module.weight = torch.nn.Parameter(torch.cat([weight[:rows], torch.zeros(64, weight.shape[1])]),
+                                       requires_grad=False)
+    module.shard_indices = NS(org_vocab_start_index=0, org_vocab_end_index=rows)
+    return module
+
+
 class Target(torch.nn.Module):
     """A Llama-shaped target: ``model.embed_tokens``, ``lm_head`` and ``get_embed_and_head`` as SGLang's have."""
 
@@ -106,7 +117,7 @@ def v2_worker(target, draft_rows, hot, **args):
     return worker
 
 
-def run_v2(target, draft_rows, hot, rank=0, **args):
+def run_v2(target, draft_rows, hot, rank=0, draft_shard=False, **args):
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
@@ -114,6 +125,8 @@ def run_v2(target, draft_rows, hot, rank=0, **args):
     capture = Capture()
     logging.getLogger(LOGGER).addHandler(capture)
     worker = v2_worker(target, draft_rows, hot, **args)
+    if draft_shard:  # the drafter's lm_head split too: rank 0 holds the first draft ids
+        rank_0_shard(worker.draft_runner.model.lm_head, draft_rows.shape[0])
     checked = dw.wrap(EagleDraftWorker.init_lm_head, "load-v2")
     found = {}
     original_check = map_check.check_worker
@@ -151,6 +164,14 @@ def v2_scenarios():
         "truth_10": sorted([int(i) for i in torch.nonzero(wrong10 != hot).flatten()]),
         "hot": [int(t) for t in hot],
     }
+    # TP rank 0 of 2: half of each head's vocabulary rows; only draft rows whose mapped target rows it holds compared
+    sharded_target, sharded_rows, sharded_hot = pair(seed=11)
+    rank_0_shard(sharded_target.lm_head, VOCAB // 2)
+    rank_0_shard(sharded_target.model.embed_tokens, VOCAB // 2)
+    worker_rows = sharded_rows[:DRAFT_VOCAB // 2]
+    out["tp2_rank0_wrong"] = run_v2(sharded_target, worker_rows, permuted(sharded_hot, 0.4), draft_shard=True)
+    out["tp2_rank0_healthy"] = run_v2(sharded_target, worker_rows, sharded_hot, draft_shard=True)
+    out["tp2_hot"] = [int(t) for t in sharded_hot]
     for seed in range(4, 10):  # more healthy pairs: never a warning
         out[f"healthy_seed_{seed}"] = run_v2(*pair(seed=seed, duplicates=50))
     return out
