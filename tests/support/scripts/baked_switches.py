@@ -1,7 +1,7 @@
 """Which patches act in a real SGLang whose sources carry the versioned diffs (PYTHONPATH: the baked copy), under
 the switches of this process. argv[1]: "installed", or "absent" to run as if sglang-pcie were not installed (its
 start-up finder taken out, its package unimportable); argv[2]: JSON {patch id: the register's ``marked``, the members
-whose mark tells that the patch acts}, handed down by the test (sglang-pcie may be unimportable here). Prints {patch id: acting}, the files
+whose mark tells that the patch acts: each one this release defines is read}, handed down by the test (sglang-pcie may be unimportable here). Prints {patch id: acting}, the files
 imported and what of sglang-pcie was loaded."""
 import importlib, json, sys
 
@@ -41,10 +41,11 @@ def marked(obj, patch_id):
 
 acting = {}
 for patch_id, candidates in json.loads(sys.argv[2]).items():  # the register's ``marked``, per patch id
-    found = next((obj for obj in map(member, candidates) if obj is not None), None)  # the first one defined
-    if found is None:
+    found = [obj for obj in map(member, candidates) if obj is not None]  # those this release defines
+    if not found:
         raise SystemExit(f"{patch_id}: none of {candidates} is defined: its diff is not baked in")
-    acting[patch_id] = marked(found, patch_id)
+    marks = {marked(obj, patch_id) for obj in found}  # every hook of a patch acts, or none: one switch
+    acting[patch_id] = marks.pop() if len(marks) == 1 else "some of its members only"
 print(json.dumps({"acting": acting, "sglang": sglang.__file__,
                   "sglang_pcie_loaded": sorted(n for n, m in sys.modules.items()
                                                if n.split(".")[0] == "sglang_pcie" and m is not None)}))
