@@ -312,7 +312,7 @@ def info_message(finding: dict) -> str:
         shown = f"; {figures(finding)}" if "lined" in finding else ""
         return f"{PREFIX}: the map cannot be checked at load: {finding['why']}{shown}; {cost(finding)}"
     scanned = finding.get("scanned")
-    rest = (f"; the {scanned:,} others scanned against {finding['target_rows']:,} target rows: "
+    rest = (f"; the other {scanned:,} scanned against {finding['target_rows']:,} target rows: "
             f"{len(finding.get('fits', []))} fit another token" if scanned else "")
     return f"{PREFIX}: the map looks right at load: {figures(finding)}{rest}; {cost(finding)}"
 
