@@ -229,8 +229,9 @@ REGISTER = (
     ),
     Entry(
         id="draft-token-watch",
-        summary=("EAGLE chain runs: one warning per server when target tokens the drafter proposes first are never "
-                 "accepted (a partly wrong vocabulary map), naming them and the check-drafter command"),
+        summary=("EAGLE-3 runs: the drafter's vocabulary map checked against the heads at load, and in chain runs "
+                 "the target tokens it proposes first that are never accepted; one warning per server naming the "
+                 "wrong entries and the check-drafter command"),
         why=("A drafter with 10% of its d2t permuted within its hot set served identical text at accept length 2.51 "
              "instead of 2.76 and 0.89x batch throughput on one H200, far above the accept-length alarm's 1.10; the "
              "Kimi-K2.5 deployment's drafter built for the previous model revision gave about 1.5 instead of 2.0. "
@@ -240,15 +241,20 @@ REGISTER = (
         checked="2026-12-03",
         remove_when="SGLang reports per-token draft acceptance or checks the drafter's vocabulary map itself",
         upstream_check=("never upstream so far; statically: the worker classes' verify(self, batch), the result "
-                        "fields holding the accepted drafts, EagleVerifyInput.draft_token"),
-        runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EAGLEWorker.verify and "
+                        "fields holding the accepted drafts, EagleVerifyInput.draft_token, the load steps "
+                        "(EagleDraftWorker.init_lm_head, EAGLEWorker.init_cuda_graphs) and the map they bind"),
+        runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EagleDraftWorker.init_lm_head "
+                        "(after it) and EAGLEWorker.init_cuda_graphs (before it) with the map check at load (once, TP "
+                        "rank 0: every draft lm_head row against its mapped target row, rows that do not line up "
+                        "scanned against every target row), and EAGLEWorker.verify and "
                         "EAGLEWorkerV2.verify with sglang_pcie.patches.draft_token_watch.payload.wrap: "
                         "on a sample of verifies (at most 0.05% of the verify interval in host time, as measured "
                         "by the watch) two copies into GPU buffers (verified token and first draft; accept length), counted in bulk per "
                         "target token with the context buckets it was proposed in; a non-blocking read-back as the "
                         "counts double and every 10 s; TP rank 0, top-k 1 only"),
         static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "
-                       "fields in the worker module, draft_token in eagle_info"),
+                       "fields in the worker module, draft_token in eagle_info, the load steps and the names "
+                       "hot_token_id / target_worker where they are defined"),
     ),
 )
 

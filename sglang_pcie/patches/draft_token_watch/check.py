@@ -84,7 +84,9 @@ PATCH = DraftTokenWatch()
 
 def _describe(module_name: str) -> str:
     kind, cls_name, fields = TARGETS[module_name]
-    return f"{kind} {cls_name}.{METHOD} (first drafts per token, sampled; reads {' or '.join(fields)})"
+    load_cls, load_method = LOAD_STEPS[module_name]
+    return (f"{kind} {cls_name}.{METHOD} (first drafts per token, sampled; reads {' or '.join(fields)}) and the map "
+            f"at load ({'after' if module_name == V2 else 'before'} {load_cls}.{load_method})")
 
 
 def _span(module: str) -> str:
