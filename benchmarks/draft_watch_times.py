@@ -37,7 +37,9 @@ def read_log(path: Path) -> dict:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     for line in raw.decode(errors="replace").splitlines():
         when = stamped(line)
-        if at_load and at_load[2] is None and (cost := LOAD_COST.search(line)):  # its last line: not stamped
+        if when and at_load is None and "sglang-pcie draft-token-watch:" in line and "at load" in line:
+            at_load = (when, map_verdict(line), None)
+        if at_load and at_load[2] is None and (cost := LOAD_COST.search(line)):  # a warning's last line: no stamp
             at_load = (at_load[0], at_load[1], int(cost.group(1)))
         if when is None:
             continue
@@ -45,10 +47,6 @@ def read_log(path: Path) -> dict:
             ready = when
         if "POST /generate" in line:
             last_request = when
-        if "sglang-pcie draft-token-watch:" in line and "at load" in line and at_load is None:
-            at_load = (when, map_verdict(line), None)
-            if cost := LOAD_COST.search(line):
-                at_load = (when, at_load[1], int(cost.group(1)))
         for source in SOURCES:
             if f"sglang-pcie {source}:" in line and source not in warned and ": look " not in line and ready \
                     and "at load" not in line:

@@ -106,32 +106,36 @@ def _names(tree: SourceTree, module: str) -> set[str]:
 def _load_step_problems(tree: SourceTree, module: str) -> list[str]:
     """Where the map check at load hooks in ``module``, and the names it reads on the worker there."""
     cls_name, method = LOAD_STEPS[module]
-    if tree.find_class(module, cls_name) is None:
-        return [f"class {cls_name} missing (the map check at load follows its {method})"]
-    found = tree.method(module, cls_name, method, concrete=True)
-    if found is None:
-        return [f"{cls_name}.{method} missing (the map check at load follows it)"]
-    parameters = tuple(a.arg for a in found[2].args.posonlyargs + found[2].args.args)
-    if parameters[:1] != ("self",) or isinstance(found[2], ast.AsyncFunctionDef):
-        return [f"{cls_name}.{method} is no plain method any more"]
+    found, problems = _method_problems(tree, module, cls_name, method, ("self",))
+    if problems:
+        return [f"{p} (the map check at load follows it)" for p in problems]
     defining = found[0]  # the class may live in another module and be imported back (the hook wraps it there)
     missing = [name for name in LOAD_NAMES if name not in _names(tree, defining)]
     return [f"{defining} no longer names {', '.join(missing)} (what the map check at load reads)"] if missing else []
 
 
-def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:
+def _method_problems(tree: SourceTree, module: str, cls_name: str, method: str, leading: tuple[str, ...]):
+    """(where ``cls_name.method`` is defined, what is wrong with its shape): the class and a concrete, plain method
+    whose first parameters are ``leading``. Where nothing further can be read of it (missing, a coroutine function),
+    the first is None."""
     if tree.find_class(module, cls_name) is None:
-        return [f"class {cls_name} missing"]
-    found = tree.method(module, cls_name, METHOD, concrete=True)
+        return None, [f"class {cls_name} missing"]
+    found = tree.method(module, cls_name, method, concrete=True)
     if found is None:
-        return [f"{cls_name}.{METHOD} missing"]
+        return None, [f"{cls_name}.{method} missing"]
     function = found[2]
     if isinstance(function, ast.AsyncFunctionDef):
-        return [f"{cls_name}.{METHOD} is a coroutine function now"]
-    problems = []
-    parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(PARAMETERS)]
-    if parameters != PARAMETERS:
-        problems.append(f"{cls_name}.{METHOD} takes ({', '.join(parameters)}), not ({', '.join(PARAMETERS)})")
+        return None, [f"{cls_name}.{method} is a coroutine function now"]
+    parameters = tuple(a.arg for a in function.args.posonlyargs + function.args.args)[:len(leading)]
+    if parameters != leading:
+        return found, [f"{cls_name}.{method} takes ({', '.join(parameters)}), not ({', '.join(leading)})"]
+    return found, []
+
+
+def _shape_problems(tree: SourceTree, module: str, cls_name: str, fields) -> list[str]:
+    found, problems = _method_problems(tree, module, cls_name, METHOD, PARAMETERS)
+    if found is None:
+        return problems
     declared = set().union(*(_names(tree, m) for m in FIELD_MODULES[module]))
     if not any(field in declared for field in fields):
         problems.append(f"{cls_name}'s verify result carries none of {', '.join(fields)} (the accepted drafts the "

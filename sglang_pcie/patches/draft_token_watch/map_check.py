@@ -22,6 +22,7 @@ vocabulary rows; the map is whole). Its time is measured and logged. This module
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -210,24 +211,23 @@ def wrap_load(function, kind: str):
     """``function``, the EAGLE worker's set-up step that follows the map and the heads (v2
     ``EagleDraftWorker.init_lm_head``: after it; v1 ``EAGLEWorker.init_cuda_graphs``: before it), followed or
     preceded by the check. Never raises into SGLang."""
-    import functools
-
     if kind == "load-v2":
         @functools.wraps(function)
         def init_lm_head_checked(self, *args, **kwargs):
             result = function(self, *args, **kwargs)
-            run_once(self, self_draft_model(self, "draft_runner"))
+            run_once(self, drafter_of(self, "draft_runner"))
             return result
         return init_lm_head_checked
 
     @functools.wraps(function)
     def init_cuda_graphs_checked(self, *args, **kwargs):
-        run_once(self, self_draft_model(self, "draft_model_runner"))
+        run_once(self, drafter_of(self, "draft_model_runner"))
         return function(self, *args, **kwargs)
     return init_cuda_graphs_checked
 
 
-def self_draft_model(worker, runner: str):
+def drafter_of(worker, runner: str):
+    """The drafter model the worker's runner holds (v2 ``draft_runner``, v1 ``draft_model_runner``)."""
     return getattr(getattr(worker, runner, None), "model", None)
 
 
