@@ -16,7 +16,8 @@
 #                              wrote as the candidate `table` where it wrote one (dropped from CANDIDATES where not):
 #                              the reference for the search's answer, and the tuned table against SGLang's default
 #                              table and the best fixed setting in counterbalanced repeats
-# LEVELS (8b only, default 1,32): the concurrencies each server measures, e.g. 1,31,32 for the edge below bucket 32.
+# LEVELS (8b only, default 1,32): the concurrencies each server measures, e.g. 1,31,32 for the edge below bucket 32;
+# SWEEP_LEVELS (8b only, default LEVELS): the sweep's own, so that the search measures 1,32 and the sweep also 31.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
@@ -39,9 +40,10 @@ pair_args() {
     *) echo "pair $1: 8b or e2e-tokenwise" >&2; return 2;;
   esac
 }
-levels_of() {  # the host-bound pair's servers measure longer windows (its c=32 run of 128 requests took 2 s)
+levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure longer windows (c=32: 128 requests, 2 s)
+  local levels=${LEVELS:-1,32}; [ "${2:-}" = sweep ] && levels=${SWEEP_LEVELS:-$levels}
   case $1 in
-    8b) echo --concurrency ${LEVELS:-1,32} --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256 \
+    8b) echo --concurrency $levels --batch-requests 128 --stream-requests 8 --input-len 128 --output-len 256 \
           --start-timeout 420;;
     *) echo --concurrency 1,32 --batch-requests 512 --stream-requests 16 --input-len 128 --output-len 256 \
           --start-timeout 420;;
@@ -94,7 +96,7 @@ work() {
         table=${TABLE:-$W/$pair-search/adaptive-config.json}  # TABLE=/abs/path: a table written before
         if [ -f $table ]; then table="--table $table"; else table=""; candidates=${candidates//,table/}; fi
         ( time python3 -m sglang_pcie tune-spec --out $folder --steps 1,3,5,7 --sweep "$repeats" --no-warmup \
-            --candidates "$candidates" $table --budget-minutes 40 $(levels_of $pair) -- $(launch_of $pair) ) \
+            --candidates "$candidates" $table --budget-minutes 40 $(levels_of $pair sweep) -- $(launch_of $pair) ) \
           > $folder.stdout 2> $folder.stderr;;
       *) echo "PLAN step $step: warm, search or sweep" >&2; continue;;
     esac
