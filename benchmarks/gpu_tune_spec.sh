@@ -3,6 +3,9 @@
 # adaptive table by batch size) and this checkout's wheel installed in python3. Two pairs:
 #   8b             the GPU-bound Llama-8B-shaped pair, --acceptance mixed (a request accepts all drafts or none)
 #   e2e-tokenwise  the e2e preset (2048 hidden, 8 layers: host-bound), accepted token by token
+#   e2e-mixed-d2t10  the e2e preset, --acceptance mixed, its drafter's d2t permuted at 10% (break_drafter.py): for the
+#                  unmeasured warm-up server only, so that it also shows the map check at load naming a wrong map
+#                  in a real server (issue 42) at no device time of its own
 # `models` makes both (or those of MODEL_PAIRS) in the background (the small one first, seconds; the 8B one ~110 s,
 # 15 GB of host memory).
 # `start` runs, in order, the steps of PLAN (default below), each in its own folder /tmp/tunespec/<pair>-<step>:
@@ -37,7 +40,8 @@ pair_args() {
   case $1 in
     8b) echo --hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --acceptance mixed;;
     e2e-tokenwise) echo --preset e2e --acceptance tokenwise;;
-    *) echo "pair $1: 8b or e2e-tokenwise" >&2; return 2;;
+    e2e-mixed-d2t10) echo --preset e2e --acceptance mixed;;
+    *) echo "pair $1: 8b, e2e-tokenwise or e2e-mixed-d2t10" >&2; return 2;;
   esac
 }
 levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure longer windows (c=32: 128 requests, 2 s)
@@ -62,7 +66,10 @@ if [ "${1:-}" = models ]; then
   cmd="cd $REPO"
   for pair in ${MODEL_PAIRS:-e2e-tokenwise 8b}; do
     m=$(models_of $pair)
-    cmd="$cmd; ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $m $(pair_args $pair) )\
+    broken=""  # the broken pair's drafter swapped for its copy with 10% of d2t permuted
+    [ $pair = e2e-mixed-d2t10 ] && broken=" && python3 $REPO/benchmarks/break_drafter.py $m/draft --only d2t-permuted-10pct\
+ && mv $m/draft $m/draft-healthy && mv $m/draft-d2t-permuted-10pct $m/draft"
+    cmd="$cmd; ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $m $(pair_args $pair)$broken )\
  > $m.log 2>&1; touch $m.done"
   done
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 < /dev/null &
