@@ -19,6 +19,8 @@
 #                              wrote as the candidate `table` where it wrote one (dropped from CANDIDATES where not):
 #                              the reference for the search's answer, and the tuned table against SGLang's default
 #                              table and the best fixed setting in counterbalanced repeats
+#                              (the token `answers` in CANDIDATES: each level's best measured candidate in the pair's
+#                              search, so that the sweep always holds what the search answered)
 # LEVELS (8b only, default 1,32): the concurrencies each server measures, e.g. 1,31,32 for the edge below bucket 32;
 # SWEEP_LEVELS (8b only, default LEVELS): the sweep's own, so that the search measures 1,32 and the sweep also 31.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
@@ -52,6 +54,12 @@ levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure lo
     *) echo --concurrency 1,32 --batch-requests 512 --stream-requests 16 --input-len 128 --output-len 256 \
           --start-timeout 420;;
   esac
+}
+answers_of() {  # each level's best measured candidate in a tune-spec result, comma-separated, once each
+  python3 -c 'import json, sys
+rows = [max((r for r in level["rows"] if r["measured"]), key=lambda r: r["measured"])
+        for level in json.load(open(sys.argv[1]))["analysis"]["levels"].values()]
+print(",".join(dict.fromkeys(r["candidate"] for r in rows)))' "$1" 2>/dev/null || true
 }
 SHAPE=(--tp-size 1 --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
        --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
@@ -102,6 +110,7 @@ work() {
       sweep)
         table=${TABLE:-$W/$pair-search/adaptive-config.json}  # TABLE=/abs/path: a table written before
         if [ -f $table ]; then table="--table $table"; else table=""; candidates=${candidates//,table/}; fi
+        candidates=${candidates//answers/$(answers_of $W/$pair-search/result.json)}
         ( time python3 -m sglang_pcie tune-spec --out $folder --steps 1,3,5,7 --sweep "$repeats" --no-warmup \
             --candidates "$candidates" $table --budget-minutes 40 $(levels_of $pair sweep) -- $(launch_of $pair) ) \
           > $folder.stdout 2> $folder.stderr;;
