@@ -51,7 +51,8 @@ def hook_diffs(row, tree) -> dict[str, str]:
       the member (the class's own method: an inherited one has nothing to decorate, a patch of its own writes that);
     * ``after-class``: the guard block and a rebinding line after the class, a hunk whose context is the class's
       last lines rather than the method's, which changes more often;
-    * ``at-end``: the guard block and a rebinding line appended to the module.
+    * ``at-end``: a rebinding line appended to the module, after the guard block (appended with the first such
+      line where no hook before it in the module wrote one).
     """
     marker = f"{DIFF_MARKER} {row.id}"
     out = {}
@@ -65,9 +66,10 @@ def hook_diffs(row, tree) -> dict[str, str]:
             if hook.diff == "after-class":
                 edits.insert_lines(owner.end_lineno + 1, "\n\n" + guard_block(row.id) + "\n\n"
                                    + rebinding(row.id, hook.member, *hook.args), indent="")
-            elif hook.diff == "at-end":
-                edits.insert_lines(len(source.splitlines()) + 1, "\n\n" + guard_block(row.id)
-                                   + rebinding(row.id, hook.member, *hook.args), indent="")
+            elif hook.diff == "at-end":  # the module's guard block once: above, or with its first at-end line
+                guard = "" if guarded else "\n\n" + guard_block(row.id)
+                edits.insert_lines(len(source.splitlines()) + 1, guard + rebinding(row.id, hook.member, *hook.args),
+                                   indent="")
             else:
                 member = tree.function(module, hook.member)
                 first = min([owner.lineno] + [d.lineno for d in owner.decorator_list])

@@ -57,6 +57,17 @@ def test_after_the_class_and_at_the_end(tmp_path):
     assert end == TOY + "\n\n" + GUARD + baked.rebinding("toy-patch", "Worker.draft", "v1")
 
 
+def test_two_hooks_at_the_end_share_one_guard_block_and_run(tmp_path):
+    hooks = (Hook("sglang.toy", "Worker.verify", args=("v2",), says="", diff="at-end"),
+             Hook("sglang.toy", "Worker.draft", args=("load",), says="", diff="at-end"))
+    text = baked.hook_diffs(row(*hooks), tree_of(tmp_path))["sglang.toy"]
+    assert text == (TOY + "\n\n" + GUARD + baked.rebinding("toy-patch", "Worker.verify", "v2")
+                    + baked.rebinding("toy-patch", "Worker.draft", "load"))
+    namespace = {}
+    exec(compile(text, "toy.py", "exec"), namespace)  # the module still runs: its guard is bound before both lines
+    assert namespace["Worker"]().draft() == 0
+
+
 def test_a_module_carrying_the_lines_or_absent_is_left_alone(tmp_path):
     hooks = (Hook("sglang.toy", "greet", says=""), Hook("sglang.gone", "f", says="", optional=True))
     assert baked.hook_diffs(row(*hooks), tree_of(tmp_path, TOY + "# sglang-pcie: toy-patch\n")) == {}
