@@ -2,11 +2,14 @@
 # The map check at load (draft-token-watch, issue 42) in one real server per pair, in the foreground (a short lease):
 # for each pair of PAIRS (default: tokenwise interleaved; make-test-models --preset e2e), start the user's launch
 # (EAGLE-3 3 steps, TP1, triton), wait for ready, serve one greedy request, stop, and keep the server's log and its
-# sglang-pcie lines in $OUT. SGLang and this checkout's wheel installed in python3 (../shared/gpu-e2e: step1, step2).
+# sglang-pcie lines in $OUT. SGLang and this checkout's wheel installed in python3 (SGLANG_PCIE_WHEELS=DIR: from that
+# offline wheel set first; benchmarks/README.md, "GPU scripts from a clone").
 # Usage: PAIRS="tokenwise interleaved" bash benchmarks/gpu_map_check_pairs.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
+source benchmarks/gpu_env.sh
+gpu_env --in /tmp python3 sglang sglang_pcie || exit 1  # SGLANG_PCIE_WHEELS=DIR: installs that set first
 OUT=${OUT:-/tmp/mapcheck}; mkdir -p "$OUT"
 cd /tmp  # python3 -m imports the installed wheel, as users have it
 for pair in ${PAIRS:-tokenwise interleaved}; do
