@@ -134,6 +134,8 @@ def test_recommend_takes_the_proof_where_it_ran_complete():
     assert pick == {"candidate": "adaptive", "launch": "python -m sglang.launch_server --m /t --speculative-adaptive",
                     "why": "the proof (2 repeat(s)): resolved higher than chain-3 at c=32; resolved lower than no"
                            " member"}
+    one = recommend(FOUND, [], settings(), dict(analysis, proof=dict(analysis["proof"], repeats_run=1)))
+    assert (one["candidate"], one["why"].split(":")[0]) == ("adaptive", "the proof (1 repeat(s))")  # one repeat decides
     run = measured({"none": {1: 50.0, 32: 1000.0}, "chain-3": {1: 100.0, 32: 800.0}, "tuned": {1: 99.0, 32: 990.0}})
     for broken in (dict(analysis["proof"], repeats_run=0), dict(analysis["proof"], failed=["tuned"])):
         pick = recommend(FOUND, run, settings(), {"proof": broken, "levels": {}})

@@ -50,6 +50,8 @@ def test_budget_counts_the_warm_up_and_every_server(tmp_path):
     assert driver.elapsed(state) <= 12 * 60
     # 12 minutes: the 90 s warm-up leaves room for 10 servers of 60 s, not 11
     assert len(state["servers"]) <= 10 and ("budget" in state["stopped"] or "answered" in state["stopped"])
+    state, _, _ = run(CostModelServer(noise=0.01, seed=1, fail={"chain-7"}), tmp_path / "failed")
+    assert driver.elapsed(state) == 90.0 + 60.0 * len(state["servers"])  # a failed server's time counts too
     slow = {"ok": True, "duration_s": 12 * 60 - 60.0}  # a warm-up that leaves one server's time
     state, _, _ = run(CostModelServer(noise=0.01, seed=1), tmp_path / "slow", warm_up=lambda: dict(slow))
     assert len(state["servers"]) == 1 and "budget" in state["stopped"]

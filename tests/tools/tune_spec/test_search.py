@@ -2,9 +2,12 @@
 from noise, failed servers, the counterbalanced orders."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sglang_pcie.tools.tune_spec import report
+from sglang_pcie.tools.tune_spec.model import Model
 from sglang_pcie.tools.tune_spec.search import (Settings, Step, compare, model_targets, next_of_pair, pairs_needed,
                                                 plan_next, plan_proof, sweep_order, unmeasured_leader)
 from support.spec_cost_model import FACTS_0_5_16, LAUNCH, CostModelServer, make_settings, tune_with
@@ -91,6 +94,8 @@ def test_unmeasured_leader_takes_a_prediction_above_or_within_resolve_of_the_bes
     assert unmeasured_leader(found, servers, 32, Fixed({3: 99.0}), 0.02) == "chain-3"  # within 2% of 100
     assert unmeasured_leader(found, servers, 32, Fixed({3: 97.0}), 0.02) is None
     assert unmeasured_leader(found, servers, 32, Fixed({3: 97.0, 4: 130.0}), 0.02) == "chain-4"
+    failed = servers + [{"candidate": "chain-4", "ok": False}]  # a failed candidate is left out, however predicted
+    assert unmeasured_leader(found, failed, 32, Fixed({3: 97.0, 4: 130.0}), 0.02) is None
 
 
 def predictions_after_the_model_servers(server, tmp_path) -> dict:
@@ -183,8 +188,25 @@ def test_says_when_speculation_does_not_pay_with_the_break_even(tmp_path):
     assert analysis["levels"]["32"]["no_speculation_best"]
     text = report.format_report(found, state["servers"], settings, analysis, state["stopped"])
     assert "speculation does not pay here" in text and "tokens per verify at this box's costs" in text
+    # the chain the model rates best (chain-1) would need tau(1) / tau_none = 0.40 / 0.28 ms per request-verify; its
+    # drafter gives 1 + a_1 tokens per verify
     be = analysis["levels"]["32"]["break_even"]
-    assert be["needed_tokens_per_verify"] > be["measured_tokens_per_verify"]
+    assert be == {"candidate": "chain-1", "needed_tokens_per_verify": pytest.approx(0.40 / 0.28, abs=1e-9),
+                  "measured_tokens_per_verify": pytest.approx(1.2, abs=1e-9)}
+    assert "chain-1 would need 1.43 tokens per verify at this box's costs, its drafter gives 1.20" in text
+
+
+def test_the_break_even_reads_the_median_step_time_of_no_speculations_servers():
+    """Three servers of no speculation, at 1x, 0.5x and 1.1x the true figure: the median's step time, 0.28 ms."""
+    server = CostModelServer(noise=0.0, tau={32: (0.35e-3, 0.05e-3)}, none_tau={32: 0.28e-3})
+    found = {c.name: c for c in make_settings(levels=(32,))[0]}
+    chains = [server.measure(found[n], i, Step(n, levels=(32,))) for i, n in enumerate(("chain-7", "chain-3"))]
+    nones = [server.measure(found["none"], i, Step("none", levels=(32,))) for i in range(3)]
+    for none_entry, factor in zip(nones, (1.0, 0.5, 1.1)):
+        none_entry["levels"]["32"]["value"] *= factor
+    model = Model(32, chains, nones)
+    assert model.none_tau == pytest.approx(0.28e-3, rel=1e-9)
+    assert model.break_even(1) == pytest.approx(0.40 / 0.28, rel=1e-9)
 
 
 def test_a_server_that_fails_is_named_and_the_rest_go_on(tmp_path):
@@ -196,6 +218,10 @@ def test_a_server_that_fails_is_named_and_the_rest_go_on(tmp_path):
                                 state["stopped"])
     assert "(chain-7) FAILED: start: server exited with code 1" in text
     assert "launch: python -m sglang.launch_server" in text
+    # a candidate that is no chain is left out too: not started again
+    server = CostModelServer(noise=0.0, fail={"none"})
+    tune_with(server, tmp_path / "none", budget_min=10)
+    assert [s[0] for s in server.started].count("none") == 1
 
 
 def test_counterbalanced_order_of_a_pair():
@@ -276,6 +302,11 @@ def test_a_tight_server_limit_goes_to_what_the_model_cannot_predict_before_a_lea
                                                                            ("chain-4", "leader")]
 
 
+def test_a_table_the_user_gives_is_measured_as_what_the_model_cannot_predict():
+    found, settings = make_settings(facts=FACTS_0_5_16, table=("/t/a.json", {1: [5], 32: [0, 3]}))
+    assert model_targets(found, [], settings) == ["chain-7", "chain-3", "none", "table"]
+
+
 def test_sglangs_adaptive_steps_are_a_model_target_only_where_no_proof_measures_them():
     found, settings = make_settings(facts=FACTS_0_5_16, prove=0)
     assert "adaptive" in model_targets(found, [], settings)
@@ -291,6 +322,9 @@ def test_requests_that_differ_are_modelled_per_request(tmp_path):
         CostModelServer(noise=0.0, classes=[(0.5, everything), (0.5, one)]), tmp_path)
     tokens = analysis["levels"]["32"]["model"]["tokens_per_verify"]
     assert abs(tokens["chain-3"] - 1 / (0.5 / 4 + 0.5 / 2)) < 1e-9  # 2.67, where pooling gives 2.38
+    # the shares the report prints are pooled over the deepest chain's verifies: a request that accepts every draft
+    # takes D / 8 of them, the other D / 2, so a fifth of the verifies accept beyond the first draft
+    assert analysis["levels"]["32"]["model"]["accept_at_least"] == pytest.approx([1.0] + [0.2] * 6, abs=1e-9)
 
 
 def test_every_levels_predicted_leader_is_measured_before_a_pair_is_repeated(tmp_path):
@@ -321,18 +355,44 @@ def test_the_proof_runs_the_tuned_table_against_sglangs_and_the_best_fixed_setti
     assert rows[("tuned", "adaptive")]["verdict"] == "higher"  # SGLang's table runs no speculation from 64
 
 
+def model_servers(figures=(("chain-7", 100), ("chain-3", 120), ("none", 90)), role="model"):
+    """One server each, of 60 s, with the same figure at c=1 and c=32."""
+    out = []
+    for name, value in figures:
+        steps = None if name == "none" else int(name.split("-")[1])
+        out.append(dict(entry(name, value), role=role, kind="none" if steps is None else "chain", steps=steps,
+                        duration_s=60.0))
+        out[-1]["levels"]["1"] = {"value": value}
+    return out
+
+
 def test_a_proof_repeat_starts_only_where_all_of_it_fits():
     found, settings = make_settings(facts=FACTS_0_5_16, budget_min=10, levels=(1, 32))
-    search = [dict(entry(n, v), role="model", kind=k, steps=s, duration_s=60.0)
-              for n, v, k, s in (("chain-7", 100, "chain", 7), ("chain-3", 120, "chain", 3), ("none", 90, "none", None))]
-    for s in search:
-        s["levels"]["1"] = {"value": s["levels"]["32"]["value"]}
+    search = model_servers()
     proof = plan_proof(found, search, settings)
     assert proof.members == ["tuned", "adaptive", "chain-3"] or proof.members == ["adaptive", "chain-3"]
     # 3 servers of 60 s in: a repeat of the proof (up to 3 more) fits 10 minutes ...
     assert plan_next(found, search, settings, 180.0, 60.0).role == "proof"
     # ... but not 9 minutes spent
     assert plan_next(found, search, settings, 540.0, 60.0).role != "proof"
+    # ... nor a --max-servers with room for less than all of it
+    room = len(search) + len(proof.members)
+    assert plan_next(found, search, replace(settings, max_servers=room), 180.0, 60.0).role == "proof"
+    assert plan_next(found, search, replace(settings, max_servers=room - 1), 180.0, 60.0).role != "proof"
+
+
+def test_proof_servers_measure_just_below_each_bucket_unless_no_edges():
+    found, settings = make_settings(facts=FACTS_0_5_16, levels=(1, 32))
+    assert plan_proof(found, model_servers(), settings).levels == (1, 31, 32)
+    assert plan_proof(found, model_servers(), replace(settings, edges=False)).levels == (1, 32)
+
+
+def test_the_table_is_made_from_the_search_servers_only():
+    """The proof's and the confirmation's servers do not change the table being proven (chain-7 far ahead there)."""
+    found, settings = make_settings(facts=FACTS_0_5_16, levels=(1, 32))
+    later = model_servers((("chain-7", 500),), role="proof") + model_servers((("chain-7", 500),), role="confirm")
+    proof = plan_proof(found, model_servers() + later, settings)
+    assert proof.buckets == {1: [3], 32: [3]} and proof.fixed == "chain-3"
 
 
 def test_a_table_that_runs_the_best_fixed_setting_everywhere_is_not_proven_or_written(tmp_path):
@@ -374,6 +434,18 @@ def test_a_server_that_would_end_exactly_at_the_budget_starts_and_one_past_it_do
     three = [{"candidate": n, "ok": True, "levels": {}} for n in ("chain-7", "chain-3", "none")]
     assert plan_next(found, three[:2], settings, 0.0, 60.0).candidate == "none"
     assert plan_next(found, three, settings, 0.0, 60.0).why == "the server limit (3) is reached"
+
+
+def test_a_confirming_pair_that_would_end_exactly_at_the_budget_is_started_and_one_past_it_is_not():
+    found, settings = make_settings(levels=(32,), budget_min=10)
+    run = [entry("chain-7", 100.0), entry("chain-3", 103.0), entry("chain-3", 105.0), entry("chain-7", 100.0),
+           entry("none", 50.0)]
+    row = compare(run, 32, "chain-3", "chain-7", settings.resolve)
+    assert row["verdict"] == "open" and row["pairs_needed"] > row["pairs"] == 2
+    at = settings.budget_s - 2 * (row["pairs_needed"] - row["pairs"]) * 60.0  # the pairs left, 60 s a server
+    confirm = plan_next(found, run, settings, at, 60.0)
+    assert (confirm.candidate, confirm.role) == ("chain-7", "confirm")
+    assert plan_next(found, run, settings, at + 0.5, 60.0).candidate is None
 
 
 def test_what_the_model_cannot_predict_goes_before_a_chain_predicted_within_resolve_of_the_best_measured(

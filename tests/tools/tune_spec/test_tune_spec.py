@@ -14,6 +14,7 @@ from support.spec_cost_model import FACTS_0_5_16
 
 import sglang_pcie.tools.tune_spec as tune_spec
 from sglang_pcie.tools.cli import main as cli_main
+from sglang_pcie.tools.tune_spec.release import AdaptiveFacts
 
 FAKE = f"{sys.executable} {SUPPORT / 'fake_sglang_server.py'}"
 FIRST_PORT = first_port(1)
@@ -40,6 +41,9 @@ def test_a_run_measures_every_level_keeps_its_state_and_says_what_to_launch(caps
     names = [s["candidate"] for s in state["servers"]]
     assert names[:4] == ["chain-5", "chain-3", "chain-1", "none"]  # chain-1 stands in for the failed chain-5
     assert [s["ok"] for s in state["servers"]] == [False, True, True, True]
+    assert [s["role"] for s in state["servers"]] == ["model"] * 4
+    assert state["warmup"] is None and not (tmp_path / "run" / "runs" / "00-warmup").exists()  # --no-warmup
+    assert out.startswith("tune-spec: 4 server(s) measured (model 4); stopped: the server limit (4) is reached")
     assert all(set(s["levels"]) == {"1", "2"} for s in state["servers"][1:])
     assert state["servers"][1]["levels"]["2"]["requests"] == 4 and state["servers"][1]["levels"]["1"]["requests"] == 2
     assert "server 1 (chain-5) FAILED: start: server exited with code 3" in out
@@ -53,13 +57,16 @@ def test_a_run_measures_every_level_keeps_its_state_and_says_what_to_launch(caps
 
 
 def test_resume_continues_a_run_with_its_own_launch_and_workload(capsys, tmp_path):
-    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup")
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup",
+                          "--budget-minutes", "30")
     assert code == 0, out + err
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     state["complete"] = False
     (tmp_path / "run" / "state.json").write_text(json.dumps(state))
-    # no workload option given now: the run's (c=1,2, 4 batch requests), not bench's defaults (c=32, 128)
-    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--max-servers", "2", "--port", FIRST_PORT])
+    # no workload option given now: the run's (c=1,2, 4 batch requests), not bench's defaults (c=32, 128); the limits
+    # given now (either form) replace the run's, the one not given (--budget-minutes) stays the run's
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--max-servers=2", "--prove", "3",
+                     "--port", FIRST_PORT])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     resumed = json.loads((tmp_path / "run" / "state.json").read_text())
@@ -67,7 +74,23 @@ def test_resume_continues_a_run_with_its_own_launch_and_workload(capsys, tmp_pat
     assert resumed["servers"][0] == state["servers"][0]  # kept, not measured again
     assert set(resumed["servers"][1]["levels"]) == {"1", "2"}
     assert resumed["servers"][1]["levels"]["2"]["requests"] == 4
-    assert resumed["settings"]["max_servers"] == 2  # a limit may be raised
+    assert resumed["settings"]["max_servers"] == 2 and resumed["settings"]["prove"] == 3  # limits may change
+    assert resumed["settings"]["budget_s"] == 30 * 60
+
+
+def test_resume_keeps_the_runs_candidates_and_release_facts(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_spec, "adaptive_facts", lambda root: FACTS_0_5_16)
+    argv = [a for a in SMALL if a != "--no-adaptive"]
+    code = cli_main(["tune-spec", *argv, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup", *LAUNCH])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    # resumed where the release read now has no adaptive steps: the run's own candidates and facts go on
+    monkeypatch.setattr(tune_spec, "adaptive_facts", lambda root: AdaptiveFacts(False, version="0.5.9"))
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "release: SGLang 0.5.16 runs adaptive steps from a table by batch size" in out
+    assert "\n  adaptive   adaptive python -m sglang.launch_server " in out
 
 
 @pytest.mark.parametrize("option", [["--concurrency", "1,32"], ["--batch-requests", "8"], ["--steps", "1,3"],
@@ -81,8 +104,20 @@ def test_resume_refuses_an_option_that_differs_from_the_runs(capsys, tmp_path, o
     assert "differs from the run's" in err
 
 
+def test_resume_refuses_another_launch(capsys, tmp_path):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup")
+    assert code == 0, out + err
+    other = [a if a != "/m/draft" else "/m/other-draft" for a in LAUNCH]
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--max-servers", "2", *other])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the launch arguments differ from the run's" in err
+    assert len(json.loads((tmp_path / "run" / "state.json").read_text())["servers"]) == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--resolve", "0%"], "--resolve '0%'"),
+    (["--budget-minutes", "0"], "--budget-minutes 0"),
     (["--steps", "1,x"], "--steps '1,x'"),
     (["--steps", ""], "--steps ''"),
     (["--max-servers", "0"], "--max-servers 0"),
@@ -114,6 +149,61 @@ def test_a_launch_that_cannot_speculate_is_refused_before_any_server(capsys, tmp
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), launch=launch)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", [["--host", "0.0.0.0"], ["--port=31000"]])
+def test_a_host_or_port_in_the_launch_is_refused_before_any_server(capsys, tmp_path, flag):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), launch=LAUNCH + flag)
+    name = flag[0].partition("=")[0]
+    assert code == 2 and f"launch argument {name}: give it to tune-spec" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv", [["--stream-requests", "1"], ["--workload", "batch", "--stream-requests", "0"]])
+def test_stream_requests_0_is_refused_only_where_c1_is_measured(capsys, argv):
+    code, out, err = tune(capsys, "--dry-run", *argv)
+    assert code == 0 and err == "", err
+
+
+def test_the_warm_up_server_runs_the_first_candidate_measured_and_is_not_measured(capsys, tmp_path):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1")
+    assert code == 0, out + err
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["warmup"]["candidate"] == "chain-5" and state["warmup"]["ok"]  # the deepest chain, built first
+    assert [s["candidate"] for s in state["servers"]] == ["chain-5"]
+    assert (tmp_path / "run" / "runs" / "00-warmup").is_dir()
+
+
+def test_the_proof_of_the_table_for_this_box_measures_just_below_each_bucket(capsys, tmp_path, monkeypatch):
+    """With the release's table: after the model's servers (chains 1 and 3 both measured: no leader), the proof's
+    servers (the tuned table where it differs, SGLang's, the best fixed) measure c=3 too, below the bucket of c=4."""
+    monkeypatch.setattr(tune_spec, "adaptive_facts", lambda root: FACTS_0_5_16)
+    argv = [a for a in SMALL if a != "--no-adaptive"]
+    argv[argv.index("--concurrency") + 1], argv[argv.index("--steps") + 1] = "1,4", "1,3"
+    code = cli_main(["tune-spec", *argv, "--out", str(tmp_path / "run"), "--prove", "1", "--max-servers", "6",
+                     "--no-warmup", *LAUNCH])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    servers = json.loads((tmp_path / "run" / "state.json").read_text())["servers"]
+    assert [(s["role"], sorted(s["levels"])) for s in servers[:3]] == [("model", ["1", "4"])] * 3
+    proof = [s for s in servers if s["role"] == "proof"]
+    assert len(proof) in (2, 3) and "adaptive" in {s["candidate"] for s in proof}
+    assert all(s["ok"] and sorted(s["levels"]) == ["1", "3", "4"] for s in proof), proof
+    assert "  c=3 (edge): " in out and "recommendation: " in out
+
+
+def test_no_edges_leaves_the_edges_out(capsys, tmp_path):
+    code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup", "--no-edges")
+    assert code == 0, out + err
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["settings"]["edges"] is False
+
+
+@pytest.mark.parametrize("workload, concurrency, levels", [
+    ("latency", "32,8", "c=1"), ("batch", "32,8,1", "c=8, c=32"), ("both", "32,8,1", "c=1, c=8, c=32")])
+def test_the_workload_picks_the_levels(capsys, workload, concurrency, levels):
+    code, out, err = tune(capsys, "--dry-run", "--workload", workload, "--concurrency", concurrency)
+    assert code == 0, err
+    assert f"\nlevels: {levels}\n" in out
 
 
 def test_dry_run_lists_the_candidates_the_levels_and_the_model_servers(capsys, tmp_path):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from sglang_pcie.tools.tune_spec import report
 from sglang_pcie.tools.tune_spec.report import format_report, proof_lines, verdict_line
-from support.spec_cost_model import LAUNCH, make_settings
+from support.spec_cost_model import FACTS_0_5_16, LAUNCH, make_settings
 
 SETTINGS = SimpleNamespace(resolve=0.02)
 
@@ -125,14 +125,14 @@ def test_the_level_keeps_the_users_setting_only_where_it_is_one_of_the_two_withi
 
 def test_only_predictions_above_the_best_measured_are_named(tmp_path):
     from support.spec_cost_model import CostModelServer, tune_with
-    found, settings, state = tune_with(CostModelServer(noise=0.0), tmp_path, max_servers=3, levels=(32,))
-    result = report.analyse(found, state["servers"], settings, mean_server_s=60.0)["levels"]["32"]
+    found, settings, state = tune_with(CostModelServer(noise=0.0), tmp_path, max_servers=3, levels=(8,))
+    result = report.analyse(found, state["servers"], settings, mean_server_s=60.0)["levels"]["8"]
     best = max(r["measured"] for r in result["rows"] if r["measured"])
     predicted = {r["candidate"]: r["predicted"] for r in result["rows"] if r["predicted"] and not r["n"]}
     above = {n: v for n, v in predicted.items() if v > best}
-    assert above and len(above) < len(predicted)  # some above the answer, some not
-    assert result["unmeasured_higher"] == {n: {"predicted": v, "servers": 1, "minutes": 1.0}
-                                           for n, v in sorted(above.items(), key=lambda kv: -kv[1])}
+    assert len(above) >= 2 and len(above) < len(predicted)  # some above the answer, some not
+    assert result["unmeasured_higher"] == {n: {"predicted": v, "servers": 1, "minutes": 1.0} for n, v in above.items()}
+    assert list(result["unmeasured_higher"]) == sorted(above, key=above.get, reverse=True)  # the highest first
 
 
 def analysis(**over):
@@ -159,6 +159,24 @@ def test_the_report_says_no_table_needed_or_the_table_not_measured():
     assert "no table needed: chain-3 is the best measured fixed setting at every level" in lines
     assert not any("NOT measured" in line for line in lines)
     assert lines[-1] == "recommendation: none measured (no candidate was measured at every level)"
+
+
+def test_without_a_proof_the_report_says_whether_the_table_for_this_box_is_needed():
+    found, settings = make_settings(LAUNCH, levels=(1, 32), facts=FACTS_0_5_16, prove=0)
+
+    def said(chain_3_at_1):
+        run = [entry("chain-7", "chain", 7, {1: 100.0, 32: 800.0}),
+               entry("chain-3", "chain", 3, {1: chain_3_at_1, 32: 1000.0}),
+               entry("none", "none", None, {1: 50.0, 32: 900.0})]
+        return format_report(found, run, settings, report.analyse(found, run, settings), "the budget").splitlines()
+    # chain-7 best at c=1, chain-3 at c=32: a table would run each
+    assert ("the table for this box (adaptive-config.json in the run's folder): batch 1-31: 7 steps; batch 32-up: 3"
+            " steps; NOT measured (no proof ran: --prove 0, the budget, or SGLang's own table left out): prove it with"
+            " --resume DIR --prove 2") in said(90.0)
+    # chain-3 best at both: the table is that fixed chain
+    lines = said(110.0)
+    assert "no table needed: chain-3 is the best measured fixed setting at every level" in lines
+    assert not any(line.startswith("the table for this box") for line in lines)
 
 
 def test_the_report_names_failed_servers_the_warm_up_and_the_launch():
