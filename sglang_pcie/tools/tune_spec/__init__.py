@@ -286,7 +286,8 @@ def _tune(args, plan, found, settings, state, folder, facts) -> int:
               "chart": report.write_chart(analysis, folder / "tune-spec.png")}
     (folder / "result.json").write_text(json.dumps(result, indent=1, default=str))
     text = (json.dumps(result, indent=1, default=str) if args.json else
-            report.format_report(found, state["servers"], settings, analysis, state["stopped"], facts.describe())
+            report.format_report(found, state["servers"], settings, analysis, state["stopped"], facts.describe(),
+                                 state.get("warmup"))
             + f"\nchart: {result['chart']}; state: {folder}")
     bench_command.print_text(text)
     return 0 if any(s.get("ok") for s in state["servers"]) else 1

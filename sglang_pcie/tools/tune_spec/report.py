@@ -119,11 +119,15 @@ def _break_even(model, candidates) -> dict | None:
 # ---------------------------------------------------------------------------------------------------- the text
 
 def format_report(candidates: list, servers: list[dict], settings, analysis: dict, stopped: str,
-                  release: str | None = None) -> str:
+                  release: str | None = None, warmup: dict | None = None) -> str:
+    """``warmup``: the run's warm-up server as the driver keeps it (``state["warmup"]``), None where none ran."""
     run = measured(servers)
     roles = ", ".join(f"{role} {n}" for role, n in analysis["servers_by_role"].items())
-    lines = [f"tune-spec: {len(run)} server(s) measured ({roles})"
-             f"{' after one warm-up server' if any(s.get('warmup') for s in servers) else ''}; stopped: {stopped}"]
+    warmed = ""
+    if warmup:
+        warmed = f" after one warm-up server ({warmup['candidate']}"
+        warmed += f", FAILED: {warmup.get('failure')})" if not warmup.get("ok") else ")"
+    lines = [f"tune-spec: {len(run)} server(s) measured ({roles}){warmed}; stopped: {stopped}"]
     if release:
         lines.append(f"release: {release}")
     lines += [f"  server {s['index']} ({s['candidate']}) FAILED: {s.get('failure')}" for s in run if not s.get("ok")]

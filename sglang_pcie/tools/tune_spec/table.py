@@ -100,7 +100,8 @@ def bucket_ranges(buckets: dict) -> list[str]:
         low = 1 if i == 0 else key
         high = f"{keys[i + 1] - 1}" if i + 1 < len(keys) else "up"
         steps = buckets[key][0]
-        out.append(f"batch {low}-{high}: {'no speculation' if steps == 0 else f'{steps} steps'}")
+        said = "no speculation" if steps == 0 else "1 step" if steps == 1 else f"{steps} steps"
+        out.append(f"batch {low}-{high}: {said}")
     return out
 
 

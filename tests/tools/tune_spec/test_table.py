@@ -98,6 +98,7 @@ def test_each_bucket_serves_the_batches_up_to_the_next():
     assert bucket_ranges({64: [0], 1: [7], 8: [3]}) == ["batch 1-7: 7 steps", "batch 8-63: 3 steps",
                                                         "batch 64-up: no speculation"]
     assert bucket_ranges({8: [2]}) == ["batch 1-up: 2 steps"]  # below the lowest key: the lowest bucket
+    assert bucket_ranges({1: [1], 32: [3]}) == ["batch 1-31: 1 step", "batch 32-up: 3 steps"]
 
 
 def test_a_given_table_keeps_its_buckets_and_skips_other_keys(tmp_path):

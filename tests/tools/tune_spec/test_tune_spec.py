@@ -172,6 +172,7 @@ def test_the_warm_up_server_runs_the_first_candidate_measured_and_is_not_measure
     assert state["warmup"]["candidate"] == "chain-5" and state["warmup"]["ok"]  # the deepest chain, built first
     assert [s["candidate"] for s in state["servers"]] == ["chain-5"]
     assert (tmp_path / "run" / "runs" / "00-warmup").is_dir()
+    assert out.startswith("tune-spec: 1 server(s) measured (model 1) after one warm-up server (chain-5); stopped:")
 
 
 def test_the_proof_of_the_table_for_this_box_measures_just_below_each_bucket(capsys, tmp_path, monkeypatch):

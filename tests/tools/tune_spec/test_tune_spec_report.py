@@ -142,8 +142,9 @@ def analysis(**over):
     return base
 
 
-def text_of(result, servers=()):
-    return format_report([], list(servers), SimpleNamespace(levels=(32,)), result, "the budget", "SGLang 0.5.16 ...")
+def text_of(result, servers=(), warmup=None):
+    return format_report([], list(servers), SimpleNamespace(levels=(32,)), result, "the budget", "SGLang 0.5.16 ...",
+                         warmup)
 
 
 def test_the_report_says_no_table_needed_or_the_table_not_measured():
@@ -180,10 +181,18 @@ def test_without_a_proof_the_report_says_whether_the_table_for_this_box_is_neede
 
 
 def test_the_report_names_failed_servers_the_warm_up_and_the_launch():
-    servers = [{"warmup": True, "candidate": "chain-7"}, dict(entry("chain-7", "chain", 7, {}, ok=False), index=1)]
+    servers = [dict(entry("chain-7", "chain", 7, {}, ok=False), index=1)]
+    warmup = {"candidate": "chain-7", "ok": True, "duration_s": 90.0, "failure": None}  # as servers.warm returns it
     pick = {"candidate": "none", "why": "w", "launch": "python -m sglang.launch_server --m /t"}
-    lines = text_of(analysis(recommendation=pick), servers).splitlines()
-    assert lines[0] == "tune-spec: 1 server(s) measured (model 2) after one warm-up server; stopped: the budget"
+    lines = text_of(analysis(recommendation=pick), servers, warmup).splitlines()
+    assert lines[0] == ("tune-spec: 1 server(s) measured (model 2) after one warm-up server (chain-7); stopped:"
+                        " the budget")
+    failed = dict(warmup, ok=False, failure="start: exit 1")
+    assert text_of(analysis(recommendation=pick), servers, failed).splitlines()[0] == (
+        "tune-spec: 1 server(s) measured (model 2) after one warm-up server (chain-7, FAILED: start: exit 1);"
+        " stopped: the budget")
+    assert text_of(analysis(recommendation=pick), servers).splitlines()[0] == (
+        "tune-spec: 1 server(s) measured (model 2); stopped: the budget")
     assert "  server 1 (chain-7) FAILED: start: exit 1" in lines
     assert lines[-2:] == ["recommendation: none (w)", "launch: python -m sglang.launch_server --m /t"]
 
