@@ -56,10 +56,11 @@ levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure lo
   esac
 }
 answers_of() {  # each level's best measured candidate in a tune-spec result, comma-separated, once each
+  # (a level with nothing measured gives none; an unreadable result, no answers at all)
   python3 -c 'import json, sys
-rows = [max((r for r in level["rows"] if r["measured"]), key=lambda r: r["measured"])
+rows = [max((r for r in level["rows"] if r["measured"]), key=lambda r: r["measured"], default=None)
         for level in json.load(open(sys.argv[1]))["analysis"]["levels"].values()]
-print(",".join(dict.fromkeys(r["candidate"] for r in rows)))' "$1" 2>/dev/null || true
+print(",".join(dict.fromkeys(r["candidate"] for r in rows if r)))' "$1" 2>/dev/null || true
 }
 SHAPE=(--tp-size 1 --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
        --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
