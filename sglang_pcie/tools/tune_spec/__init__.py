@@ -149,7 +149,7 @@ def _settings(args, launch_args: list) -> tuple[Settings, list, AdaptiveFacts]:
     settings = Settings(levels=levels, resolve=resolve, budget_s=args.budget_minutes * 60, max_steps=max_steps,
                         current=current_name(launch_args, found), max_servers=args.max_servers, sweep=args.sweep,
                         profile=args.profile, prove=args.prove, edges=not args.no_edges, per_batch=facts.per_batch,
-                        zero_steps=facts.zero_steps)
+                        zero_steps=facts.zero_steps, default_config=facts.default_config)
     return settings, found, facts
 
 

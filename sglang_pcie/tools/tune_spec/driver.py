@@ -82,7 +82,7 @@ def make_tuned(candidates: list, settings, state: dict, folder: Path, progress) 
     proof = plan_table(candidates, state["servers"], settings)
     if proof is None or "tuned" not in proof.members:  # none, or the best fixed setting at every level
         return None
-    path = tables.write_table(proof.buckets, folder)
+    path = tables.write_table(proof.buckets, folder, settings.default_config)
     tuned = tuned_candidate(state["launch_args"], str(path), proof.buckets)
     candidates.append(tuned)
     state["candidates"].append(tuned.as_dict())

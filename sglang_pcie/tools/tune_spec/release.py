@@ -30,18 +30,21 @@ class AdaptiveFacts:
     per_batch: bool = False  # a table keyed by batch size (--speculative-adaptive-config)
     zero_steps: bool = False  # a bucket may hold step 0 (no speculation)
     default_table: dict = field(default_factory=dict)  # the release's built-in table, bucket -> candidate steps
+    default_config: dict = field(default_factory=dict)  # ... each bucket's whole entry (steps and hysteresis)
     needs_no_overlap: bool = False  # SGLang switches adaptive off unless --disable-overlap-schedule
     version: str = "unknown"
 
     def as_dict(self) -> dict:
         return {"available": self.available, "declared_in": self.declared_in, "per_batch": self.per_batch,
                 "zero_steps": self.zero_steps, "default_table": self.default_table,
+                "default_config": self.default_config,
                 "needs_no_overlap": self.needs_no_overlap, "version": self.version}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "AdaptiveFacts":
         data = dict(data or {"available": False})
         data["default_table"] = {int(k): list(v) for k, v in (data.get("default_table") or {}).items()}
+        data["default_config"] = {int(k): dict(v) for k, v in (data.get("default_config") or {}).items()}
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def describe(self) -> str:
@@ -74,8 +77,13 @@ def declaring_class(tree) -> str | None:
     return None
 
 
-def default_table(tree) -> dict | None:
-    """The release's ``DEFAULT_ADAPTIVE_CONFIG`` as bucket -> candidate steps, or None where it has none."""
+ENTRY_KEYS = ("candidate_steps", "up_hysteresis", "down_hysteresis", "ceiling_coeff", "ema_alpha", "update_interval",
+              "warmup_batches")  # what a bucket of SGLang's table may set (AdaptiveStepSlot), copied where present
+
+
+def default_config(tree) -> dict | None:
+    """The release's ``DEFAULT_ADAPTIVE_CONFIG`` as bucket -> its entry (the keys of ENTRY_KEYS it sets), or None
+    where it has none."""
     values = tree.assignments(PARAMS, "DEFAULT_ADAPTIVE_CONFIG")
     if not values:
         return None
@@ -83,7 +91,13 @@ def default_table(tree) -> dict | None:
         table = ast.literal_eval(values[-1])
     except ValueError:
         return None
-    return {int(k): list(v["candidate_steps"]) for k, v in table.items() if str(k).isdigit()}
+    return {int(k): {key: v[key] for key in ENTRY_KEYS if key in v} for k, v in table.items() if str(k).isdigit()}
+
+
+def default_table(tree) -> dict | None:
+    """The release's ``DEFAULT_ADAPTIVE_CONFIG`` as bucket -> candidate steps, or None where it has none."""
+    config = default_config(tree)
+    return None if config is None else {k: list(v["candidate_steps"]) for k, v in config.items()}
 
 
 def zero_steps_allowed(tree) -> bool:
@@ -110,9 +124,10 @@ def adaptive_facts(root) -> AdaptiveFacts:
     declared = declaring_class(tree)
     if declared is None:
         return AdaptiveFacts(False, version=tree.version)
-    table = default_table(tree)
+    table, config = default_table(tree), default_config(tree)
     reason = tree.function(PARAMS, "adaptive_unsupported_reason")
     needs_no_overlap = reason is not None and "disable_overlap_schedule" in ast.unparse(reason)
     return AdaptiveFacts(True, declared, per_batch=table is not None, zero_steps=table is not None
-                         and zero_steps_allowed(tree), default_table=table or {}, needs_no_overlap=needs_no_overlap,
+                         and zero_steps_allowed(tree), default_table=table or {}, default_config=config or {},
+                         needs_no_overlap=needs_no_overlap,
                          version=tree.version)

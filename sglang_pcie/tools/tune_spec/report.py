@@ -35,7 +35,8 @@ def analyse(candidates: list, servers: list[dict], settings, mean_server_s: floa
     table = plan_table(candidates, run, settings) if out["proof"] is None else None
     out["table"] = None if table is None else {"buckets": {str(k): v for k, v in table.buckets.items()},
                                                "notes": table.notes, "fixed": table.fixed,
-                                               "needed": "tuned" in table.members}
+                                               "needed": "tuned" in table.members,
+                                               "own": tables.copies_default(table.buckets, settings.default_config)}
     out["recommendation"] = recommend(candidates, run, settings, out)
     out["servers_by_role"] = {role: sum(1 for s in run if s.get("role") == role)
                               for role in dict.fromkeys(s.get("role") for s in run)}
@@ -142,6 +143,9 @@ def format_report(candidates: list, servers: list[dict], settings, analysis: dic
             lines += ["", f"the table for this box ({tables.TABLE_FILE} in the run's folder): "
                       + "; ".join(tables.bucket_ranges(buckets)) + "; NOT measured (no proof ran: --prove 0, the"
                       " budget, or SGLang's own table left out): prove it with --resume DIR --prove 2"]
+        elif table.get("own"):
+            lines += ["", "no table needed: SGLang's own table measured fastest of the speculative settings at every"
+                      " level"]
         else:
             lines += ["", f"no table needed: {table['fixed']} is the best measured fixed setting at every level"]
         lines += [f"  note: {n}" for n in table["notes"]]

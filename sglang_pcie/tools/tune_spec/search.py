@@ -59,13 +59,16 @@ class Settings:
     edges: bool = True  # proof servers also measure just below each bucket's edge
     per_batch: bool = False  # the release runs adaptive steps from a table by batch size
     zero_steps: bool = False  # ... and a bucket may hold step 0
+    default_config: dict = field(default_factory=dict)  # ... and its own table: bucket -> entry (release.py)
 
     def as_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Settings":
-        return cls(**{k: tuple(v) if k == "levels" else v for k, v in data.items() if k in cls.__dataclass_fields__})
+        data = {k: tuple(v) if k == "levels" else v for k, v in data.items() if k in cls.__dataclass_fields__}
+        data["default_config"] = {int(k): dict(v) for k, v in (data.get("default_config") or {}).items()}
+        return cls(**data)
 
 
 @dataclass
@@ -264,12 +267,14 @@ def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Pro
         return None
     search = [s for s in measured(servers) if s.get("role") in SEARCH_ROLES]
     figures = medians(search, settings.levels)
-    buckets, notes = tables.tuned_buckets(candidates, figures)
+    buckets, notes = tables.tuned_buckets(candidates, figures, settings.default_config)
     fixed, share = tables.best_fixed(candidates, figures)
     if fixed is None or not buckets:
         return None
     steps_of_fixed = next(c.fixed_steps for c in candidates if c.name == fixed)
-    same = tables.uniform(buckets) == steps_of_fixed  # the table would run the best fixed setting everywhere
+    # the table would run the best fixed setting everywhere, or SGLang's own table at every measured level
+    same = (tables.uniform(buckets) == steps_of_fixed
+            or tables.copies_default(buckets, settings.default_config))
     members = ["adaptive", fixed] if same else ["tuned", "adaptive", fixed]
     levels = tuple(sorted(set(settings.levels) | set(edge_levels(settings.levels) if settings.edges else ())))
     return Proof(buckets, notes, fixed, share, members, levels)

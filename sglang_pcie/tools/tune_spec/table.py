@@ -1,9 +1,12 @@
 """The adaptive table tune-spec writes for this box: per measured concurrency, the chain that served it fastest
-(measured medians only; never step 0, which is not "no speculation": see ``STEP_0_MEASURED``), as SGLang's
-``--speculative-adaptive-config`` file: ``{"<batch size>": {"candidate_steps": [k]}, ...}``.
+(measured medians only; never step 0, which is not "no speculation": see ``STEP_0_MEASURED``), or, where SGLang's
+own table measured faster than every chain there, that table's bucket for the concurrency, copied whole (its
+candidate steps and hysteresis); as SGLang's ``--speculative-adaptive-config`` file:
+``{"<batch size>": {"candidate_steps": [k]}, ...}``.
 
-One step per bucket: SGLang's EMA then has nothing to move between (a bucket with one candidate never switches),
-so each bucket runs what was measured at its concurrency, not an untested mix. SGLang pads a batch to a CUDA-graph
+One step per bucket where a chain won: SGLang's EMA then has nothing to move between (a bucket with one candidate
+never switches); a copied bucket runs as SGLang's own did in the measured server. So each bucket runs what was
+measured at its concurrency, not an untested mix. SGLang pads a batch to a CUDA-graph
 batch size and serves it with the bucket whose key is the largest not above that; so the bucket ``c`` holds the
 batches from its concurrency up to the next measured one, and the batches below the lowest measured concurrency go
 to the lowest bucket.
@@ -35,18 +38,41 @@ def fixed_medians(candidates: list, medians: dict) -> dict:
 STEP_0_MEASURED = "step 0 keeps the speculative path: 0.46x of no speculation at c=32 on an H100, SGLang 0.5.16"
 
 
-def tuned_buckets(candidates: list, medians: dict) -> tuple[dict, list[str]]:
-    """(bucket -> [steps], notes): at each level, the steps of its best measured fixed candidate. Where no
-    speculation is best, the best measured chain instead (noted): a table cannot switch speculation off."""
+def default_entry(level: int, default_config: dict) -> tuple[int, dict] | None:
+    """(key, entry) of the bucket of SGLang's own table that serves a batch of ``level`` (the largest key not above
+    it, the lowest below every key), or None where the release has no table."""
+    keys = sorted(default_config)
+    if not keys:
+        return None
+    key = max([k for k in keys if k <= level] or keys[:1])
+    return key, default_config[key]
+
+
+def tuned_buckets(candidates: list, medians: dict, default_config: dict | None = None) -> tuple[dict, list[str]]:
+    """(bucket -> [steps], notes): at each level, the steps of its best measured fixed candidate, or, where
+    SGLang's own table (``adaptive``) measured faster than every chain there, the candidate steps of its bucket
+    that served that level (written with that bucket's hysteresis: ``entry``). Where no speculation is best, the
+    faster of the best measured chain and SGLang's bucket instead (noted): a table cannot switch speculation off."""
     steps_of = {c.name: c.fixed_steps for c in candidates if c.fixed_steps is not None}
     buckets, notes = {}, []
     for level, row in sorted(fixed_medians(candidates, medians).items()):
         ranked = sorted(row, key=lambda n: -row[n])
+        chains = [n for n in ranked if steps_of[n] > 0]
+        own = default_entry(level, default_config or {})
+        adaptive = medians.get(level, {}).get("adaptive") if own is not None else None
+        if adaptive is not None and (not chains or adaptive > row[chains[0]]):
+            key, copied = own
+            beat = f"ahead of {chains[0]} by {adaptive / row[chains[0]] - 1:.1%}" if chains else "no chain measured"
+            if ranked and steps_of[ranked[0]] == 0:
+                beat += f"; no speculation is best, and a table cannot give it: {adaptive / row[ranked[0]]:.3f}x of none"
+            buckets[level] = list(copied["candidate_steps"])
+            notes.append(f"c={level}: SGLang's own table measured fastest of the speculative settings ({beat}): its"
+                         f" bucket {key} (steps {', '.join(map(str, copied['candidate_steps']))}) copied")
+            continue
         if not ranked:
             continue
         best = ranked[0]
         if steps_of[best] == 0:
-            chains = [n for n in ranked if steps_of[n] > 0]
             if not chains:
                 notes.append(f"c={level}: no speculation is best and no chain was measured; a table cannot switch "
                              f"speculation off ({STEP_0_MEASURED})")
@@ -58,10 +84,19 @@ def tuned_buckets(candidates: list, medians: dict) -> tuple[dict, list[str]]:
     return buckets, notes
 
 
+def copies_default(buckets: dict, default_config: dict | None) -> bool:
+    """Whether every bucket holds the steps of SGLang's own bucket for its level (the table then runs SGLang's own
+    at every measured level)."""
+    own = {level: default_entry(level, default_config or {}) for level in buckets}
+    return bool(buckets) and all(own[level] is not None and list(own[level][1]["candidate_steps"]) == list(steps)
+                                 and len(steps) > 1 for level, steps in buckets.items())
+
+
 def uniform(buckets: dict) -> int | None:
-    """The one step every bucket runs (the table is then that fixed setting), or None."""
+    """The one fixed step every bucket runs (the table is then that fixed setting), or None."""
     steps = {tuple(v) for v in buckets.values()}
-    return next(iter(steps))[0] if len(steps) == 1 else None
+    only = next(iter(steps)) if len(steps) == 1 else ()
+    return only[0] if len(only) == 1 else None
 
 
 def best_fixed(candidates: list, medians: dict) -> tuple[str | None, float | None]:
@@ -82,13 +117,22 @@ def best_fixed(candidates: list, medians: dict) -> tuple[str | None, float | Non
     return best, scores[best]
 
 
-def config_json(buckets: dict) -> dict:
-    return {str(level): {"candidate_steps": list(steps)} for level, steps in sorted(buckets.items())}
+def entry(level: int, steps, default_config: dict | None = None) -> dict:
+    """The bucket ``level`` of the file: its steps, with the hysteresis of SGLang's own bucket for that level where
+    the steps are that bucket's (copied whole, so that it runs as it was measured)."""
+    own = default_entry(level, default_config or {})
+    if own is not None and list(own[1]["candidate_steps"]) == list(steps):
+        return dict(own[1])
+    return {"candidate_steps": list(steps)}
 
 
-def write_table(buckets: dict, folder: Path) -> Path:
+def config_json(buckets: dict, default_config: dict | None = None) -> dict:
+    return {str(level): entry(level, steps, default_config) for level, steps in sorted(buckets.items())}
+
+
+def write_table(buckets: dict, folder: Path, default_config: dict | None = None) -> Path:
     path = Path(folder) / TABLE_FILE
-    path.write_text(json.dumps(config_json(buckets), indent=1) + "\n")
+    path.write_text(json.dumps(config_json(buckets, default_config), indent=1) + "\n")
     return path
 
 
@@ -99,8 +143,9 @@ def bucket_ranges(buckets: dict) -> list[str]:
     for i, key in enumerate(keys):
         low = 1 if i == 0 else key
         high = f"{keys[i + 1] - 1}" if i + 1 < len(keys) else "up"
-        steps = buckets[key][0]
-        said = "no speculation" if steps == 0 else "1 step" if steps == 1 else f"{steps} steps"
+        steps = buckets[key]
+        said = (f"adaptive over steps {', '.join(map(str, steps))}" if len(steps) > 1 else "no speculation"
+                if steps[0] == 0 else "1 step" if steps[0] == 1 else f"{steps[0]} steps")
         out.append(f"batch {low}-{high}: {said}")
     return out
 

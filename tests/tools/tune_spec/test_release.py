@@ -68,6 +68,8 @@ def test_facts_of_each_release_are_what_its_source_says(pristine_source, tmp_pat
     default, load = release_params(root)
     if facts.per_batch:
         assert facts.default_table == {int(k): v["candidate_steps"] for k, v in default.items()}
+        # each bucket whole (its hysteresis too), so that a tuned table copying it runs it as measured
+        assert facts.default_config == {int(k): v for k, v in default.items()}
         # step 0: what the release's own loader does with a bucket holding it
         table = tmp_path / "zero.json"
         table.write_text(json.dumps({"1": {"candidate_steps": [0, 3]}}))
@@ -116,6 +118,7 @@ def test_describe_says_each_kind_in_one_line():
 
 def test_facts_round_trip_through_json_with_integer_buckets():
     facts = AdaptiveFacts(True, SPEC_FIELDS, per_batch=True, zero_steps=True, default_table=TABLE_0_5_20,
+                          default_config={1: {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25}},
                           needs_no_overlap=False, version="0.5.20")
     stored = json.loads(json.dumps(facts.as_dict()))
     assert stored["default_table"] == {"1": [1, 3, 5, 7], "8": [0, 1, 3], "32": [0, 1], "64": [0]}
@@ -150,7 +153,9 @@ def test_the_table_is_the_last_assignment_that_runs_without_its_non_bucket_keys(
               ' "default": {"candidate_steps": [9]}}\n' + LOADER)
     facts = adaptive_facts(tree(tmp_path, params))
     assert facts == AdaptiveFacts(True, SERVER_ARGS, per_batch=True, zero_steps=True,
-                                  default_table={4: [0, 5], 16: [1]}, version="9.9.9")
+                                  default_table={4: [0, 5], 16: [1]},
+                                  default_config={4: {"candidate_steps": [0, 5]}, 16: {"candidate_steps": [1]}},
+                                  version="9.9.9")
 
 
 def test_a_table_that_is_no_literal_is_no_table(tmp_path):

@@ -11,8 +11,9 @@ import math
 import pytest
 
 from sglang_pcie.tools.tune_spec.candidates import Candidate
-from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, fixed_medians,
-                                               read_table, tuned_buckets, uniform, write_table,
+from sglang_pcie.tools.tune_spec.release import adaptive_facts
+from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, copies_default,
+                                               fixed_medians, read_table, tuned_buckets, uniform, write_table,
                                                STEP_0_MEASURED)
 
 def release_loader(root):
@@ -54,10 +55,65 @@ def test_each_bucket_runs_its_levels_best_chain_and_never_step_0_noted_where_non
                      f" ({STEP_0_MEASURED})"]
 
 
+# SGLang 0.5.16's DEFAULT_ADAPTIVE_CONFIG, as release.default_config reads it
+DEFAULT_0_5_16 = {1: {"candidate_steps": [1, 3, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0},
+                  8: {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+                  32: {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+                  64: {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0}}
+SWEEP_8B = {1: {"adaptive": 460.5, "chain-7": 429.0, "chain-5": 414.2, "chain-3": 377.6},  # tok/s, medians of two
+            32: {"chain-7": 5389.0, "chain-5": 5278.0, "chain-3": 5013.0, "adaptive": 4591.0}}  # servers each
+FOUND_8B = [Candidate("none", (), None, "none")] + [Candidate(f"chain-{k}", (), k, "chain") for k in (3, 5, 7)] + [
+    Candidate("adaptive", (), None, "adaptive")]
+
+
+def test_where_sglangs_own_table_measured_fastest_its_bucket_is_copied_and_a_chain_elsewhere():
+    """The 8B-shaped mixed pair on one H100 (benchmarks/results/2026-12-06-h100/tune-spec/NOTE.txt): SGLang's own
+    table led at one request (+7.3% over chain-7), chain-7 at c=32 (SGLang's table there: steps 0 and 1). The table
+    for this box takes each: SGLang's bucket 1 whole, then 7 steps."""
+    buckets, notes = tuned_buckets(FOUND_8B, SWEEP_8B, DEFAULT_0_5_16)
+    assert buckets == {1: [1, 3, 7], 32: [7]}
+    assert notes == ["c=1: SGLang's own table measured fastest of the speculative settings (ahead of chain-7 by 7.3%):"
+                     " its bucket 1 (steps 1, 3, 7) copied"]
+    assert config_json(buckets, DEFAULT_0_5_16) == {"1": DEFAULT_0_5_16[1], "32": {"candidate_steps": [7]}}
+    assert bucket_ranges(buckets) == ["batch 1-31: adaptive over steps 1, 3, 7", "batch 32-up: 7 steps"]
+    assert uniform(buckets) is None and not copies_default(buckets, DEFAULT_0_5_16)
+    # without the release's table (or its server) the chains alone decide, as before
+    assert tuned_buckets(FOUND_8B, SWEEP_8B)[0] == {1: [7], 32: [7]}
+    assert tuned_buckets(FOUND_8B, {k: {n: v for n, v in row.items() if n != "adaptive"} for k, row in
+                                    SWEEP_8B.items()}, DEFAULT_0_5_16)[0] == {1: [7], 32: [7]}
+
+
+def test_sglangs_bucket_is_the_one_serving_the_level_and_a_tie_goes_to_the_chain():
+    medians = {4: {"chain-3": 10.0, "adaptive": 11.0}, 40: {"chain-3": 10.0, "adaptive": 10.0}}
+    buckets, _ = tuned_buckets(FOUND_8B, medians, DEFAULT_0_5_16)
+    assert buckets == {4: [1, 3, 7], 40: [3]}  # c=4 is served by SGLang's bucket 1; equal figures: the chain
+    assert config_json(buckets, DEFAULT_0_5_16)["4"] == DEFAULT_0_5_16[1]
+
+
+def test_where_no_speculation_is_best_the_faster_of_sglangs_bucket_and_the_best_chain_and_it_is_said():
+    medians = {32: {"none": 100.0, "chain-3": 80.0, "adaptive": 90.0}, 64: {"none": 100.0, "adaptive": 50.0}}
+    buckets, notes = tuned_buckets(FOUND_8B, medians, DEFAULT_0_5_16)
+    assert buckets == {32: [0, 1], 64: [0]}
+    assert notes[0] == ("c=32: SGLang's own table measured fastest of the speculative settings (ahead of chain-3 by"
+                        " 12.5%; no speculation is best, and a table cannot give it: 0.900x of none): its bucket 32"
+                        " (steps 0, 1) copied")
+    assert notes[1].startswith("c=64: SGLang's own table measured fastest of the speculative settings (no chain"
+                               " measured; no speculation is best")
+
+
+def test_a_table_of_sglangs_own_buckets_everywhere_is_no_table_of_this_box():
+    buckets, _ = tuned_buckets(FOUND_8B, {1: {"chain-7": 1.0, "adaptive": 2.0}, 32: {"chain-7": 1.0, "adaptive": 2.0}},
+                               DEFAULT_0_5_16)
+    assert buckets == {1: [1, 3, 7], 32: [0, 1]} and copies_default(buckets, DEFAULT_0_5_16)
+    assert not copies_default({1: [1, 3, 7], 32: [1]}, DEFAULT_0_5_16) and not copies_default({}, DEFAULT_0_5_16)
+    assert not copies_default(buckets, None)
+
+
 def test_uniform_is_the_one_step_of_every_bucket():
     assert uniform({1: [3], 8: [3], 64: [3]}) == 3
     assert uniform({1: [0], 8: [0]}) == 0
     assert uniform({1: [3], 8: [1]}) is None
+    assert uniform({1: [1, 3, 7], 8: [1, 3, 7]}) is None  # one table everywhere is still no fixed step
 
 
 def test_the_best_fixed_setting_is_the_highest_geometric_mean_share_over_every_level():
@@ -92,6 +148,11 @@ def test_sglangs_own_loaders_read_the_file(pristine_source, tmp_path):
         load(str(path))
     assert load(str(write_table({1: [7], 64: [1]}, tmp_path)))[1] == {1: {"candidate_steps": [7]},
                                                                       64: {"candidate_steps": [1]}}
+    # a bucket copied from SGLang's own table keeps that bucket's hysteresis
+    assert adaptive_facts(pristine_source("0.5.16")).default_config == DEFAULT_0_5_16
+    load = release_loader(pristine_source("0.5.16"))
+    _, buckets = load(str(write_table({1: [1, 3, 7], 32: [7]}, tmp_path, DEFAULT_0_5_16)))
+    assert buckets == {1: DEFAULT_0_5_16[1], 32: {"candidate_steps": [7]}}
 
 
 def test_each_bucket_serves_the_batches_up_to_the_next():
