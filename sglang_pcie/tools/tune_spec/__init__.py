@@ -261,15 +261,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args, plan, found, settings, state, folder, facts) -> int:
-    all_levels = tuple(sorted(set(settings.levels) | set(level_workload.edge_levels(settings.levels))))
-    sent = level_workload.prompts(plan.workload, all_levels, args.batch_requests)
+    # prompts are a function of (seed, level) alone: each server gets those of its levels (a proof's edge levels
+    # are known only once the search's servers have logged their CUDA-graph sizes)
+    def sent(levels):
+        return level_workload.prompts(plan.workload, levels, args.batch_requests)
     from sglang_pcie.tools.bench.runs import Progress
 
     progress = Progress(folder / "progress.log")
     folder.mkdir(parents=True, exist_ok=True)
     first = next(c for c in found if c.name == (model_targets(found, [], settings) or [found[0].name])[0])
-    warm = (lambda: servers.warm(plan, first, settings.levels, sent, progress)) if plan.warmup else None
-    measure = (lambda c, index, step: servers.measure(plan, c, index, step, sent, args.batch_requests, progress))
+    warm = (lambda: servers.warm(plan, first, settings.levels, sent(settings.levels), progress)) if plan.warmup else None
+    measure = (lambda c, index, step: servers.measure(plan, c, index, step, sent(step.levels), args.batch_requests,
+                                                      progress))
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, bench_command.interrupt)
     try:

@@ -12,6 +12,7 @@ Each level has its own prompts, so no phase finds another's prefixes in SGLang's
 from __future__ import annotations
 
 import random
+import re
 import time
 
 from sglang_pcie.tools.bench.workload import run_batch, run_stream
@@ -30,11 +31,50 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def edge_levels(levels) -> tuple[int, ...]:
-    """Just below each bucket a tuned table starts at a measured level: ``key - 1`` for every level above 2, where
-    it is not itself measured. A running batch there is served by the bucket below (before graph padding), and the
-    switch between the two is where a table can cost throughput."""
-    return tuple(sorted({c - 1 for c in levels if c - 1 >= 2} - set(levels)))
+def padded(batch: int, graph_bs) -> int:
+    """The CUDA-graph batch size SGLang runs a batch of ``batch`` as (the smallest captured size not below it),
+    which picks its adaptive bucket; the batch itself above every captured size or with no graphs."""
+    return min([g for g in graph_bs or () if g >= batch] or [batch])
+
+
+def edge_levels(levels, graph_bs=None) -> tuple[int, ...]:
+    """Where a tuned table switches between the buckets it starts at the measured levels: for each measured level
+    ``key`` above another, ``low``, the smallest batch above ``low`` that SGLang already serves with bucket ``key``
+    because it pads it to a CUDA-graph size at or above ``key`` (``graph_bs``: the decode graph sizes the servers
+    captured; with graphs at 1 and 32, batch 2 is served by bucket 32), else ``key - 1``, the largest batch the
+    bucket below serves. Not 1 (one streamed request, no batch), not a measured level."""
+    ordered = sorted(set(levels))
+    found = set()
+    for low, key in zip(ordered, ordered[1:]):
+        switch = next((b for b in range(low + 1, key) if padded(b, graph_bs) >= key), None)
+        found.add(switch if switch is not None else key - 1)
+    return tuple(sorted(b for b in found if b >= 2 and b not in ordered))
+
+
+_DECODE_GRAPHS = re.compile(r"decode=PhaseConfig\(backend='(\w+)'[^)]*?\bbs=\[([\d, ]*)\]")  # 0.5.14+
+_GRAPH_BS = re.compile(r"\bcuda_graph_bs=\[([\d, ]*)\]")  # up to 0.5.13: the resolved list
+LOG_HEAD = 256 * 1024  # SGLang logs its server_args in the first lines
+
+
+def graph_batch_sizes(log_head: str) -> list[int] | None:
+    """The decode CUDA-graph batch sizes a server captured, from the ``server_args=`` line SGLang logs at start
+    ([] where decode graphs are off), or None where the log does not say."""
+    found = _DECODE_GRAPHS.search(log_head)
+    if found:
+        return [] if found.group(1) == "disabled" else [int(w) for w in found.group(2).split(",") if w.strip()]
+    if "disable_cuda_graph=True" in log_head:
+        return []
+    found = _GRAPH_BS.search(log_head)
+    return [int(w) for w in found.group(1).split(",") if w.strip()] if found else None
+
+
+def read_graph_batch_sizes(log_path) -> list[int] | None:
+    """graph_batch_sizes of a server's log file, reading its first LOG_HEAD bytes only; None where unreadable."""
+    try:
+        with open(log_path, "rb") as log:
+            return graph_batch_sizes(log.read(LOG_HEAD).decode("utf-8", "replace"))
+    except (OSError, TypeError):
+        return None
 
 
 def requests_at(level: int, workload, batch_requests: int | None) -> int:

@@ -15,7 +15,8 @@ Every server measures every concurrency level. In order:
 3. Proof, where the release runs adaptive steps from a table by batch size: the table for this box (table.py,
    from the servers of steps 1-2 only, so it stays the same while it is proven), SGLang's own table and the best
    fixed setting, in counterbalanced repeats (T D F, F D T, ...), each repeat started only where all of it fits
-   the budget; these servers also measure just below each bucket's edge (levels.edge_levels).
+   the budget; these servers also measure where the table switches buckets (levels.edge_levels: with the CUDA-graph
+   sizes the search's servers logged, the smallest batch each bucket serves after SGLang pads it).
 4. Confirm: at each level, the two best measured candidates are repeated in counterbalanced order (A B B A ...)
    until the leader's lead is resolved at ``resolve``, or they are resolved equal within it, or the budget ends,
    or the spread measured so far says the budget cannot resolve it.
@@ -276,7 +277,9 @@ def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Pro
     same = (tables.uniform(buckets) == steps_of_fixed
             or tables.copies_default(buckets, settings.default_config))
     members = ["adaptive", fixed] if same else ["tuned", "adaptive", fixed]
-    levels = tuple(sorted(set(settings.levels) | set(edge_levels(settings.levels) if settings.edges else ())))
+    graph_bs = next((s["graph_bs"] for s in search if s.get("graph_bs") is not None), None)
+    edges = edge_levels(settings.levels, graph_bs) if settings.edges else ()
+    levels = tuple(sorted(set(settings.levels) | set(edges)))
     return Proof(buckets, notes, fixed, share, members, levels)
 
 

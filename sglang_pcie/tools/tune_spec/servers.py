@@ -44,6 +44,7 @@ def summarise(record: dict, candidate, profiled: bool, duration_s: float, role: 
     return {"candidate": candidate.name, "kind": candidate.kind, "steps": candidate.steps, "index": record["index"],
             "role": role, "profiled": profiled, "ok": bool(record.get("ok")), "duration_s": round(duration_s, 1),
             "ready_s": record.get("ready_s"), "log": record.get("log"),
+            "graph_bs": level_workload.read_graph_batch_sizes(record.get("log")),
             "failure": None if not failure else failure_line(failure),
             "levels": {key: phase_figures(phase, int(key), profile) for key, phase in phases.items()},
             "profile": None if not profile else {k: profile.get(k) for k in PROFILE_KEYS}}

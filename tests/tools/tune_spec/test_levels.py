@@ -29,13 +29,49 @@ def test_a_level_that_is_no_concurrency_is_named(text, fault):
     assert str(caught.value).startswith(f"{text!r}: {fault}")
 
 
-def test_edge_levels_are_just_below_each_measured_level_above_2_unless_measured():
+def test_without_graphs_the_edge_is_just_below_each_measured_level_above_another_unless_measured():
     assert edge_levels((1, 8, 32, 64)) == (7, 31, 63)
+    assert edge_levels((1, 8, 32, 64), []) == (7, 31, 63)  # decode graphs off: no padding
     assert edge_levels((1, 2, 3)) == ()  # 2 - 1 is 1, below 2; 3 - 1 is measured
     assert edge_levels((1, 3)) == (2,)
-    assert edge_levels((4, 5, 16)) == (3, 15)
+    assert edge_levels((4, 5, 16)) == (15,)  # below the lowest level the lowest bucket serves: no switch there
     assert edge_levels((1,)) == ()
     assert edge_levels((2, 8)) == (7,)  # not 1: c=1 is one streamed request, no batch
+
+
+def test_with_graphs_the_edge_is_the_smallest_batch_sglang_pads_into_the_bucket():
+    """SGLang serves a batch with the bucket of its padded size (0.5.16 adaptive_spec_params._route): with graphs at
+    1 and 32 every batch from 2 runs as 32, so bucket 32 starts at batch 2 and batch 31 is no edge at all."""
+    assert edge_levels((1, 32), [1, 32]) == (2,)
+    default = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]  # SGLang's usual small sizes
+    assert edge_levels((1, 8, 32, 64), default) == (5, 25, 57)  # 5 pads to 8, 25 to 32, 57 to 64
+    assert edge_levels((1, 8, 32), [1, 2, 4, 8, 16]) == (5, 31)  # above every graph a batch runs unpadded
+    assert [levels.padded(b, [1, 32]) for b in (1, 2, 32, 33)] == [1, 32, 32, 33]
+
+
+SERVER_ARGS_0_5_16 = ("server_args=ServerArgs(model_path='/m', cuda_graph_config=CudaGraphConfig(decode=PhaseConfig("
+                      "backend='full', max_bs=32, bs=[1, 32], tc_compiler='eager', full_prefill_max_req=None), "
+                      "prefill=PhaseConfig(backend='disabled', max_bs=8192, bs=[4, 8, 12], tc_compiler='eager')), "
+                      "cuda_graph_bs_decode=[1, 32], disable_cuda_graph=False)")  # as 0.5.16 logs it (shortened)
+
+
+def test_the_graph_sizes_are_read_from_the_server_args_sglang_logs():
+    assert levels.graph_batch_sizes(SERVER_ARGS_0_5_16) == [1, 32]
+    assert levels.graph_batch_sizes(SERVER_ARGS_0_5_16.replace("backend='full', max_bs=32",
+                                                               "backend='disabled', max_bs=32")) == []
+    assert levels.graph_batch_sizes("server_args=ServerArgs(cuda_graph_max_bs=8, cuda_graph_bs=[1, 2, 4, 8],"
+                                    " disable_cuda_graph=False)") == [1, 2, 4, 8]  # up to 0.5.13
+    assert levels.graph_batch_sizes("server_args=ServerArgs(cuda_graph_bs=[1, 2], disable_cuda_graph=True)") == []
+    assert levels.graph_batch_sizes("no server_args here") is None
+
+
+def test_only_the_head_of_a_log_is_read(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(SERVER_ARGS_0_5_16 + "\n")
+    assert levels.read_graph_batch_sizes(log) == [1, 32]
+    log.write_text("x" * levels.LOG_HEAD + SERVER_ARGS_0_5_16)
+    assert levels.read_graph_batch_sizes(log) is None
+    assert levels.read_graph_batch_sizes(tmp_path / "missing.log") is None and levels.read_graph_batch_sizes(None) is None
 
 
 def test_requests_per_level():

@@ -385,6 +385,9 @@ def test_proof_servers_measure_just_below_each_bucket_unless_no_edges():
     found, settings = make_settings(facts=FACTS_0_5_16, levels=(1, 32))
     assert plan_proof(found, model_servers(), settings).levels == (1, 31, 32)
     assert plan_proof(found, model_servers(), replace(settings, edges=False)).levels == (1, 32)
+    # the CUDA-graph sizes a search server logged: batch 2 is padded to 32, where bucket 32 starts
+    logged = [dict(s, graph_bs=[1, 32]) for s in model_servers()]
+    assert plan_proof(found, logged, settings).levels == (1, 2, 32)
 
 
 def test_the_table_is_made_from_the_search_servers_only():
