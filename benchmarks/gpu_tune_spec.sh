@@ -77,7 +77,8 @@ if [ "${1:-}" = models ]; then
   for pair in ${MODEL_PAIRS:-e2e-tokenwise 8b}; do
     m=$(models_of $pair)
     broken=""  # the broken pair's drafter swapped for its copy with 10% of d2t permuted
-    [ $pair = e2e-mixed-d2t10 ] && broken=" && python3 $REPO/benchmarks/break_drafter.py $m/draft --only d2t-permuted-10pct\
+    [ $pair = e2e-mixed-d2t10 ] && broken=" && PYTHONPATH=$REPO python3 $REPO/benchmarks/break_drafter.py $m/draft\
+ --only d2t-permuted-10pct\
  && mv $m/draft $m/draft-healthy && mv $m/draft-d2t-permuted-10pct $m/draft"
     cmd="$cmd; ( time PYTHONPATH=$REPO/sitecustomize python3 -m sglang_pcie make-test-models $m $(pair_args $pair)$broken )\
  > $m.log 2>&1; touch $m.done"
