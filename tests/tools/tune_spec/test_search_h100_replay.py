@@ -4,10 +4,13 @@ sweep's servers as the measurements of what it starts next."""
 from __future__ import annotations
 
 import json
+import tarfile
+from dataclasses import replace
 
 from sglang_pcie.tools.tune_spec import report
 from sglang_pcie.tools.tune_spec.candidates import Candidate
-from sglang_pcie.tools.tune_spec.search import Settings, plan_next
+from sglang_pcie.tools.tune_spec.search import Settings, plan_next, plan_table
+from sglang_pcie.tools.tune_spec.table import config_json
 
 from support import REPO
 
@@ -35,3 +38,31 @@ def test_the_fourth_server_is_sglangs_table_and_the_answers_are_the_sweeps():
     assert best == {"1": "adaptive", "32": "chain-7"}
     assert {level: answers[level]["answer"] for level in ("1", "32")} == best
     assert answers["1"]["unmeasured_unpredicted"] == {} and answers["32"]["unmeasured_unpredicted"] == {}
+
+
+LEASE_2026_12_07 = REPO / "benchmarks/results/2026-12-07-h100/tune-spec-8b"
+
+
+def lease_state(member: str) -> dict:
+    with tarfile.open(LEASE_2026_12_07 / "lease1-tunespec.tgz") as pack:
+        return json.loads(pack.extractfile(member).read())
+
+
+def test_the_search_of_2026_12_07_wrote_sglangs_bucket_below_32_and_7_steps_from_32_with_the_edge_at_2():
+    """The same pair on another H100 lease (2026-12-07, the overlay of f8c23cc): the search's four servers, replayed:
+    the same order; the table it wrote is SGLang's bucket 1 whole below batch 32 (SGLang's table led at c=1) and
+    7 steps from 32; the graph sizes its servers logged (1 and 32) put a proof's edge at c=2."""
+    state = lease_state("tunespec/8b-search/state.json")
+    candidates = [Candidate.from_dict(c) for c in state["candidates"]]
+    settings = Settings.from_dict(state["settings"])
+    servers = state["servers"]
+    for i in range(len(servers)):  # each server is the one the search asks for after the ones before it
+        assert plan_next(candidates, servers[:i], settings, 60.0 * i, 60.0).candidate == servers[i]["candidate"]
+    assert all(s["graph_bs"] == [1, 32] for s in servers)
+    table = plan_table(candidates, servers, replace(settings, prove=2))
+    assert table.buckets == {1: [1, 3, 7], 32: [7]} and table.members == ["tuned", "adaptive", "chain-7"]
+    assert table.levels == (1, 2, 32)
+    written = json.loads((LEASE_2026_12_07 / "search-adaptive-config.json").read_text())
+    assert written == config_json(table.buckets, settings.default_config)
+    assert written["1"] == {"candidate_steps": [1, 3, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25,
+                            "ceiling_coeff": 0}
