@@ -12,7 +12,7 @@ from sglang_pcie.tools.tune_spec.answer import analyse_proof, recommend
 from sglang_pcie.tools.tune_spec.candidates import NONE
 from sglang_pcie.tools.tune_spec.model import label, log_interval
 from sglang_pcie.tools.tune_spec.search import (best_measured, compare, estimates, failed, level_name, measured,
-                                                models, plan_table, values)
+                                                graph_sizes, models, plan_table, values)
 
 
 def _num(value, digits=1) -> str:
@@ -36,7 +36,8 @@ def analyse(candidates: list, servers: list[dict], settings, mean_server_s: floa
     out["table"] = None if table is None else {"buckets": {str(k): v for k, v in table.buckets.items()},
                                                "notes": table.notes, "fixed": table.fixed,
                                                "needed": "tuned" in table.members,
-                                               "own": tables.copies_default(table.buckets, settings.default_config)}
+                                               "own": tables.copies_default(table.buckets, settings.default_config,
+                                                                             graph_sizes(run))}
     out["recommendation"] = recommend(candidates, run, settings, out)
     out["servers_by_role"] = {role: sum(1 for s in run if s.get("role") == role)
                               for role in dict.fromkeys(s.get("role") for s in run)}

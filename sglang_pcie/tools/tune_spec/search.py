@@ -260,6 +260,11 @@ class Proof:
     levels: tuple  # what proof servers measure
 
 
+def graph_sizes(servers: list[dict]) -> list[int] | None:
+    """The decode CUDA-graph sizes the first server that logged them captured (the launch is the same in all)."""
+    return next((s["graph_bs"] for s in servers if s.get("graph_bs") is not None), None)
+
+
 def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Proof | None:
     """The table for this box from the search's servers (steps 1-2), with the best fixed setting and who a proof
     would compare; None where the release has no tables by batch size, in a sweep, or where no fixed setting was
@@ -268,16 +273,16 @@ def plan_table(candidates: list, servers: list[dict], settings: Settings) -> Pro
         return None
     search = [s for s in measured(servers) if s.get("role") in SEARCH_ROLES]
     figures = medians(search, settings.levels)
-    buckets, notes = tables.tuned_buckets(candidates, figures, settings.default_config)
+    graph_bs = graph_sizes(search)
+    buckets, notes = tables.tuned_buckets(candidates, figures, settings.default_config, graph_bs)
     fixed, share = tables.best_fixed(candidates, figures)
     if fixed is None or not buckets:
         return None
     steps_of_fixed = next(c.fixed_steps for c in candidates if c.name == fixed)
     # the table would run the best fixed setting everywhere, or SGLang's own table at every measured level
     same = (tables.uniform(buckets) == steps_of_fixed
-            or tables.copies_default(buckets, settings.default_config))
+            or tables.copies_default(buckets, settings.default_config, graph_bs))
     members = ["adaptive", fixed] if same else ["tuned", "adaptive", fixed]
-    graph_bs = next((s["graph_bs"] for s in search if s.get("graph_bs") is not None), None)
     edges = edge_levels(settings.levels, graph_bs) if settings.edges else ()
     levels = tuple(sorted(set(settings.levels) | set(edges)))
     return Proof(buckets, notes, fixed, share, members, levels)

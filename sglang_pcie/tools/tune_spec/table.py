@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+from sglang_pcie.tools.tune_spec.levels import padded
+
 TABLE_FILE = "adaptive-config.json"
 
 
@@ -38,17 +40,20 @@ def fixed_medians(candidates: list, medians: dict) -> dict:
 STEP_0_MEASURED = "step 0 keeps the speculative path: 0.46x of no speculation at c=32 on an H100, SGLang 0.5.16"
 
 
-def default_entry(level: int, default_config: dict) -> tuple[int, dict] | None:
-    """(key, entry) of the bucket of SGLang's own table that serves a batch of ``level`` (the largest key not above
-    it, the lowest below every key), or None where the release has no table."""
+def default_entry(level: int, default_config: dict, graph_bs=None) -> tuple[int, dict] | None:
+    """(key, entry) of the bucket of SGLang's own table that serves a batch of ``level``: SGLang pads the batch to a
+    CUDA-graph size (``graph_bs``, levels.padded), then takes the largest key not above it (the lowest below every
+    key); None where the release has no table."""
     keys = sorted(default_config)
     if not keys:
         return None
-    key = max([k for k in keys if k <= level] or keys[:1])
+    batch = padded(level, graph_bs)
+    key = max([k for k in keys if k <= batch] or keys[:1])
     return key, default_config[key]
 
 
-def tuned_buckets(candidates: list, medians: dict, default_config: dict | None = None) -> tuple[dict, list[str]]:
+def tuned_buckets(candidates: list, medians: dict, default_config: dict | None = None,
+                  graph_bs=None) -> tuple[dict, list[str]]:
     """(bucket -> [steps], notes): at each level, the steps of its best measured fixed candidate, or, where
     SGLang's own table (``adaptive``) measured faster than every chain there, the candidate steps of its bucket
     that served that level (written with that bucket's hysteresis: ``entry``). Where no speculation is best, the
@@ -58,7 +63,7 @@ def tuned_buckets(candidates: list, medians: dict, default_config: dict | None =
     for level, row in sorted(fixed_medians(candidates, medians).items()):
         ranked = sorted(row, key=lambda n: -row[n])
         chains = [n for n in ranked if steps_of[n] > 0]
-        own = default_entry(level, default_config or {})
+        own = default_entry(level, default_config or {}, graph_bs)
         adaptive = medians.get(level, {}).get("adaptive") if own is not None else None
         if adaptive is not None and (not chains or adaptive > row[chains[0]]):
             key, copied = own
@@ -84,10 +89,10 @@ def tuned_buckets(candidates: list, medians: dict, default_config: dict | None =
     return buckets, notes
 
 
-def copies_default(buckets: dict, default_config: dict | None) -> bool:
+def copies_default(buckets: dict, default_config: dict | None, graph_bs=None) -> bool:
     """Whether every bucket holds the steps of SGLang's own bucket for its level (the table then runs SGLang's own
     at every measured level)."""
-    own = {level: default_entry(level, default_config or {}) for level in buckets}
+    own = {level: default_entry(level, default_config or {}, graph_bs) for level in buckets}
     return bool(buckets) and all(own[level] is not None and list(own[level][1]["candidate_steps"]) == list(steps)
                                  and len(steps) > 1 for level, steps in buckets.items())
 
@@ -118,12 +123,10 @@ def best_fixed(candidates: list, medians: dict) -> tuple[str | None, float | Non
 
 
 def entry(level: int, steps, default_config: dict | None = None) -> dict:
-    """The bucket ``level`` of the file: its steps, with the hysteresis of SGLang's own bucket for that level where
-    the steps are that bucket's (copied whole, so that it runs as it was measured)."""
-    own = default_entry(level, default_config or {})
-    if own is not None and list(own[1]["candidate_steps"]) == list(steps):
-        return dict(own[1])
-    return {"candidate_steps": list(steps)}
+    """The bucket ``level`` of the file: its steps, with the hysteresis of SGLang's own bucket of the same candidate
+    steps where a bucket was copied from it (copied whole, so that it runs as it was measured)."""
+    own = [e for _, e in sorted((default_config or {}).items()) if list(e["candidate_steps"]) == list(steps)]
+    return dict(own[0]) if own and len(steps) > 1 else {"candidate_steps": list(steps)}
 
 
 def config_json(buckets: dict, default_config: dict | None = None) -> dict:

@@ -88,6 +88,11 @@ def test_sglangs_bucket_is_the_one_serving_the_level_and_a_tie_goes_to_the_chain
     buckets, _ = tuned_buckets(FOUND_8B, medians, DEFAULT_0_5_16)
     assert buckets == {4: [1, 3, 7], 40: [3]}  # c=4 is served by SGLang's bucket 1; equal figures: the chain
     assert config_json(buckets, DEFAULT_0_5_16)["4"] == DEFAULT_0_5_16[1]
+    # with graphs at 1 and 32, SGLang pads a batch of 4 to 32: its own table ran bucket 32 there, and that is copied
+    buckets, notes = tuned_buckets(FOUND_8B, medians, DEFAULT_0_5_16, [1, 32])
+    assert buckets == {4: [0, 1], 40: [3]} and "its bucket 32 (steps 0, 1) copied" in notes[0]
+    assert config_json(buckets, DEFAULT_0_5_16)["4"] == DEFAULT_0_5_16[32]  # its hysteresis, whatever the key
+    assert copies_default({4: [0, 1]}, DEFAULT_0_5_16, [1, 32]) and not copies_default({4: [0, 1]}, DEFAULT_0_5_16)
 
 
 def test_where_no_speculation_is_best_the_faster_of_sglangs_bucket_and_the_best_chain_and_it_is_said():
