@@ -23,7 +23,7 @@
 #                              search, so that the sweep always holds what the search answered)
 # LEVELS (8b only, default 1,32): the concurrencies each server measures (a batch level: 4 x c requests), e.g. 1,2,32:
 # with CUDA graphs at 1 and 32 a batch of 2 to 32 is padded to 32, so batch 2 is where a table's bucket 32 begins;
-# SWEEP_LEVELS (8b only, default LEVELS): the sweep's own, so that the search measures 1,32 and the sweep also 31.
+# SWEEP_LEVELS (8b only, default LEVELS): the sweep's own, so that the search measures 1,32 and the sweep also 2.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)

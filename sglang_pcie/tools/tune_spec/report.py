@@ -12,7 +12,7 @@ from sglang_pcie.tools.tune_spec.answer import analyse_proof, recommend
 from sglang_pcie.tools.tune_spec.candidates import NONE
 from sglang_pcie.tools.tune_spec.model import label, log_interval
 from sglang_pcie.tools.tune_spec.search import (best_measured, compare, estimates, failed, level_name, measured,
-                                                graph_sizes, models, plan_table, values)
+                                                models, plan_table, values)
 
 
 def _num(value, digits=1) -> str:
@@ -35,9 +35,7 @@ def analyse(candidates: list, servers: list[dict], settings, mean_server_s: floa
     table = plan_table(candidates, run, settings) if out["proof"] is None else None
     out["table"] = None if table is None else {"buckets": {str(k): v for k, v in table.buckets.items()},
                                                "notes": table.notes, "fixed": table.fixed,
-                                               "needed": "tuned" in table.members,
-                                               "own": tables.copies_default(table.buckets, settings.default_config,
-                                                                             graph_sizes(run))}
+                                               "needed": "tuned" in table.members}
     out["recommendation"] = recommend(candidates, run, settings, out)
     out["servers_by_role"] = {role: sum(1 for s in run if s.get("role") == role)
                               for role in dict.fromkeys(s.get("role") for s in run)}
@@ -144,7 +142,7 @@ def format_report(candidates: list, servers: list[dict], settings, analysis: dic
             lines += ["", f"the table for this box ({tables.TABLE_FILE} in the run's folder): "
                       + "; ".join(tables.bucket_ranges(buckets)) + "; NOT measured (no proof ran: --prove 0, the"
                       " budget, or SGLang's own table left out): prove it with --resume DIR --prove 2"]
-        elif table.get("own"):
+        elif any(len(steps) > 1 for steps in buckets.values()):  # SGLang's own buckets everywhere (plan_table)
             lines += ["", "no table needed: SGLang's own table measured fastest of the speculative settings at every"
                       " level"]
         else:

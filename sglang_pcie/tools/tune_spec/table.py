@@ -122,15 +122,15 @@ def best_fixed(candidates: list, medians: dict) -> tuple[str | None, float | Non
     return best, scores[best]
 
 
-def entry(level: int, steps, default_config: dict | None = None) -> dict:
-    """The bucket ``level`` of the file: its steps, with the hysteresis of SGLang's own bucket of the same candidate
-    steps where a bucket was copied from it (copied whole, so that it runs as it was measured)."""
+def entry(steps, default_config: dict | None = None) -> dict:
+    """One bucket of the file: its steps, with the hysteresis of SGLang's own bucket of the same candidate steps
+    where a bucket was copied from it (copied whole, so that it runs as it was measured)."""
     own = [e for _, e in sorted((default_config or {}).items()) if list(e["candidate_steps"]) == list(steps)]
     return dict(own[0]) if own and len(steps) > 1 else {"candidate_steps": list(steps)}
 
 
 def config_json(buckets: dict, default_config: dict | None = None) -> dict:
-    return {str(level): entry(level, steps, default_config) for level, steps in sorted(buckets.items())}
+    return {str(level): entry(steps, default_config) for level, steps in sorted(buckets.items())}
 
 
 def write_table(buckets: dict, folder: Path, default_config: dict | None = None) -> Path:

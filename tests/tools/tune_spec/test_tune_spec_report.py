@@ -159,6 +159,10 @@ def test_the_report_says_no_table_needed_or_the_table_not_measured():
     lines = text_of(analysis(table=dict(table, needed=False, notes=[]))).splitlines()
     assert "no table needed: chain-3 is the best measured fixed setting at every level" in lines
     assert not any("NOT measured" in line for line in lines)
+    own = dict(table, buckets={"1": [1, 3, 7], "32": [0, 1]}, needed=False, notes=[])  # SGLang's buckets at each
+    lines = text_of(analysis(table=own)).splitlines()
+    assert "no table needed: SGLang's own table measured fastest of the speculative settings at every level" in lines
+    assert not any("best measured fixed setting" in line for line in lines)
     assert lines[-1] == "recommendation: none measured (no candidate was measured at every level)"
 
 
