@@ -1,7 +1,8 @@
 """The adaptive table tune-spec writes for this box: per measured concurrency, the chain that served it fastest
 (measured medians only; never step 0, which is not "no speculation": see ``STEP_0_MEASURED``), or, where SGLang's
 own table measured faster than every chain there, that table's bucket for the concurrency, copied whole (its
-candidate steps and hysteresis); as SGLang's ``--speculative-adaptive-config`` file:
+candidate steps and hysteresis, step 0 included where SGLang's bucket holds it: the copy runs what was measured);
+as SGLang's ``--speculative-adaptive-config`` file:
 ``{"<batch size>": {"candidate_steps": [k]}, ...}``.
 
 One step per bucket where a chain won: SGLang's EMA then has nothing to move between (a bucket with one candidate
