@@ -84,7 +84,11 @@ def verdict_line(ranked: list[str], comparison: dict | None, settings) -> str:
         return f"{ranked[0]} is the only candidate measured"
     lead, runner, n = comparison["leader"], comparison["runner_up"], comparison["pairs"]
     low_high = comparison["interval"]
-    interval = (f" [{_pct(low_high[0])} to {_pct(low_high[1])}]" if low_high and low_high[1] / low_high[0] <= 2
+    # the search's looks are at 99%, a proof's fixed design at 95%: the line says which, beside the 95% of each
+    # candidate's own interval in the table above it
+    level_of = f"{comparison['confidence'] * 100:g}% interval: " if comparison.get("confidence") else ""
+    interval = (f" [{level_of}{_pct(low_high[0])} to {_pct(low_high[1])}]"
+                if low_high and low_high[1] / low_high[0] <= 2
                 else " [interval wider than 2x: nothing resolved]" if low_high else "")
     band = f", noise band +-{comparison['noise_margin'] * 100:.1f}%" if comparison["noise_margin"] else ""
     if comparison["verdict"] == "best":

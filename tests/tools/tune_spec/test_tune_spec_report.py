@@ -12,10 +12,10 @@ from support.spec_cost_model import FACTS_0_5_16, LAUNCH, make_settings
 SETTINGS = SimpleNamespace(resolve=0.02)
 
 
-def comparison(verdict, median=1.05, interval=(1.02, 1.08), pairs=3, margin=0.01, needed=None):
+def comparison(verdict, median=1.05, interval=(1.02, 1.08), pairs=3, margin=0.01, needed=None, confidence=0.99):
     return {"leader": "chain-5", "runner_up": "none", "pairs": pairs, "median": median,
             "interval": list(interval) if interval else None, "noise_margin": margin, "verdict": verdict,
-            "pairs_needed": needed}
+            "pairs_needed": needed, "confidence": confidence}
 
 
 def test_each_verdict_in_its_words():
@@ -23,23 +23,25 @@ def test_each_verdict_in_its_words():
     assert verdict_line([], None, SETTINGS) == "no candidate has a measured figure: every server failed"
     assert verdict_line(["none"], None, SETTINGS) == "none is the only candidate measured"
     assert verdict_line(ranked, comparison("best"), SETTINGS) == (
-        "chain-5 is best by +5.0% [+2.0% to +8.0%] over none (3 pairs, noise band +-1.0%)")
+        "chain-5 is best by +5.0% [99% interval: +2.0% to +8.0%] over none (3 pairs, noise band +-1.0%)")
     assert verdict_line(ranked, comparison("within", 1.001, (0.995, 1.007), margin=0.0), SETTINGS) == (
-        "chain-5 and none are within 2%: either (+0.1% [-0.5% to +0.7%], 3 pairs)")
+        "chain-5 and none are within 2%: either (+0.1% [99% interval: -0.5% to +0.7%], 3 pairs)")
     assert verdict_line(ranked, comparison("noise floor", margin=0.03), SETTINGS) == (
         "cannot tell: servers of one candidate spread +-3.0% here, wider than 2%, and the lead does not clear that"
-        " spread; chain-5 leads none by +5.0% [+2.0% to +8.0%] over 3 pairs, noise band +-3.0%")
+        " spread; chain-5 leads none by +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs, noise band +-3.0%")
     assert verdict_line(ranked, comparison("at the band"), SETTINGS) == (
         "cannot tell: the lead is about the servers' own spread, more pairs do not settle it; chain-5 leads none by"
-        " +5.0% [+2.0% to +8.0%] over 3 pairs, noise band +-1.0%")
+        " +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs, noise band +-1.0%")
     assert verdict_line(ranked, comparison("open", needed=7), SETTINGS) == (
-        "cannot tell within the budget: chain-5 leads none by +5.0% [+2.0% to +8.0%] over 3 pairs, noise band"
+        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs, noise band"
         " +-1.0%; about 7 pairs would resolve 2%")
     assert verdict_line(ranked, comparison("open", interval=(0.5, 1.0), needed=9), SETTINGS).startswith(
-        "cannot tell within the budget: chain-5 leads none by +5.0% [-50.0% to +0.0%] over 3 pairs")  # 2x: shown
+        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: -50.0% to +0.0%] over 3 pairs")  # 2x: shown
     assert verdict_line(ranked, comparison("open", interval=(0.5, 1.25)), SETTINGS) == (
         "cannot tell within the budget: chain-5 leads none by +5.0% [interval wider than 2x: nothing resolved] over"
         " 3 pairs, noise band +-1.0%; resolving 2% needs more than 50 pairs at this spread")
+    assert verdict_line(ranked, comparison("best", confidence=0.95), SETTINGS) == (  # a proof's fixed design
+        "chain-5 is best by +5.0% [95% interval: +2.0% to +8.0%] over none (3 pairs, noise band +-1.0%)")
     assert verdict_line(ranked, comparison("open", 1.1, None, 1, 0.0), SETTINGS) == (
         "cannot tell within the budget: chain-5 leads none by +10.0% over 1 pair")
 
