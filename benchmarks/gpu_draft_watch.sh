@@ -22,12 +22,8 @@ REPO=$PWD
 NAME=draftwatch
 source "$REPO/benchmarks/gpu_detached.sh"  # W=/tmp/draftwatch, OUT, detached start|work|collect
 
-launch() {  # the user's launch on the models in $1
-  echo --model-path $1/target --speculative-algorithm EAGLE3 --speculative-draft-model-path $1/draft \
-    --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 1 \
-    --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32 \
-    --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph
-}
+source "$REPO/benchmarks/gpu_user_launch.sh"
+launch() { user_launch "$1"; }  # the user's launch on the models in $1
 variant() { echo "$1:args=--speculative-draft-model-path $2/draft-$3;tokens=must-match${4:+;repeats=$4}"; }
 
 work() {

@@ -9,6 +9,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 source benchmarks/gpu_env.sh
+source benchmarks/gpu_user_launch.sh
 gpu_env --in /tmp python3 sglang sglang_pcie || exit 1  # SGLANG_PCIE_WHEELS=DIR: installs that set first
 OUT=${OUT:-/tmp/mapcheck}; mkdir -p "$OUT"
 cd /tmp  # python3 -m imports the installed wheel, as users have it
@@ -16,11 +17,7 @@ for pair in ${PAIRS:-tokenwise interleaved}; do
   m=/tmp/mapcheck-models-$pair; log=$OUT/$pair-server.log
   python3 -m sglang_pcie make-test-models $m --preset e2e --acceptance $pair > $OUT/$pair-make.txt 2>&1
   t0=$(date +%s)
-  setsid python3 -m sglang.launch_server --model-path $m/target --speculative-algorithm EAGLE3 \
-    --speculative-draft-model-path $m/draft --speculative-num-steps 3 --speculative-eagle-topk 1 \
-    --speculative-num-draft-tokens 4 --tp-size 1 --attention-backend triton --skip-tokenizer-init \
-    --mem-fraction-static 0.6 --max-running-requests 32 --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph \
-    --host 127.0.0.1 --port 30000 > $log 2>&1 &
+  setsid python3 -m sglang.launch_server $(user_launch $m) --host 127.0.0.1 --port 30000 > $log 2>&1 &
   pid=$!
   for _ in $(seq 400); do curl -sf 127.0.0.1:30000/health > /dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 1; done
   echo "$pair: ready after $(( $(date +%s) - t0 )) s" | tee -a $OUT/summary.txt

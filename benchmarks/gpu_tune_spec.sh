@@ -63,13 +63,8 @@ rows = [max((r for r in level["rows"] if r["measured"]), key=lambda r: r["measur
         for level in json.load(open(sys.argv[1]))["analysis"]["levels"].values()]
 print(",".join(dict.fromkeys(r["candidate"] for r in rows if r)))' "$1" 2>/dev/null || true
 }
-SHAPE=(--tp-size 1 --attention-backend triton --skip-tokenizer-init --mem-fraction-static 0.6 --max-running-requests 32
-       --cuda-graph-bs-decode 1 32 --disable-prefill-cuda-graph)
-launch_of() {  # the user's launch on the pair in $1
-  local m; m=$(models_of "$1")
-  echo --model-path "$m/target" --speculative-algorithm EAGLE3 --speculative-draft-model-path "$m/draft" \
-    --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "${SHAPE[@]}"
-}
+source "$REPO/benchmarks/gpu_user_launch.sh"
+launch_of() { user_launch "$(models_of "$1")"; }  # the user's launch on the pair in $1
 
 if [ "${1:-}" = models ]; then
   # the checkout's code, uninstalled: the start-up hook's module is put on the path by hand; the small pair first
