@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from sglang_pcie.tools.tune_spec import report
 from sglang_pcie.tools.tune_spec.candidates import Candidate
-from sglang_pcie.tools.tune_spec.search import Settings, plan_next, plan_table
+from sglang_pcie.tools.tune_spec.answer import paired
+from sglang_pcie.tools.tune_spec.search import Settings, plan_next, plan_table, sweep_order
 from sglang_pcie.tools.tune_spec.table import config_json
 
 from support import REPO
@@ -66,3 +67,25 @@ def test_the_search_of_2026_12_07_wrote_sglangs_bucket_below_32_and_7_steps_from
     assert written == config_json(table.buckets, settings.default_config)
     assert written["1"] == {"candidate_steps": [1, 3, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25,
                             "ceiling_coeff": 0}
+
+
+PROOF_2026_12_07 = REPO / "benchmarks/results/2026-12-07-h100/tune-spec-8b-proof"
+
+
+def test_the_table_of_2026_12_07_proven_on_one_h100_is_slower_than_neither_and_beats_each_somewhere():
+    """That table (above) against SGLang's own table and chain-7, three servers each in the sweep's counterbalanced
+    order, at c=1, the edge c=2 and c=32 (lease 2 of 2026-12-07, the overlay of e2b65c8), by the proof's own rule
+    (answer.paired: 95% over the i-th servers, an effect only beyond the noise band)."""
+    with tarfile.open(PROOF_2026_12_07 / "lease2-tunespec.tgz") as pack:
+        state = json.loads(pack.extractfile("tunespec/8b-sweep/state.json").read())
+    servers = [s for s in state["servers"] if s["ok"]]
+    assert [s["candidate"] for s in servers] == sweep_order(["chain-7", "adaptive", "table"], 3)
+    verdicts = {(level, other): paired(servers, level, "table", other, 0.02)["verdict"]
+                for level in (1, 2, 32) for other in ("adaptive", "chain-7")}
+    assert verdicts == {(1, "adaptive"): "cannot tell", (1, "chain-7"): "higher",
+                        (2, "adaptive"): "higher", (2, "chain-7"): "cannot tell",
+                        (32, "adaptive"): "higher", (32, "chain-7"): "cannot tell"}
+    assert paired(servers, 1, "table", "chain-7", 0.02)["interval"][0] > 1.05  # +7.7% [+5.6, +10.1]
+    candidates = [Candidate.from_dict(c) for c in state["candidates"]]
+    levels = report.analyse(candidates, servers, Settings.from_dict(state["settings"]))["levels"]
+    assert {level: row["answer"] for level, row in levels.items()} == {"1": "table", "2": "table", "32": "table"}
