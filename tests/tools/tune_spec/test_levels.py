@@ -43,6 +43,8 @@ def test_with_graphs_the_edge_is_the_smallest_batch_sglang_pads_into_the_bucket(
     """SGLang serves a batch with the bucket of its padded size (0.5.16 adaptive_spec_params._route): with graphs at
     1 and 32 every batch from 2 runs as 32, so bucket 32 starts at batch 2 and batch 31 is no edge at all."""
     assert edge_levels((1, 32), [1, 32]) == (2,)
+    # a measured level that itself pads past the next key is no edge: the first batch above it is (33, not 32)
+    assert edge_levels((1, 8, 32, 64), [1, 2, 4, 16, 64]) == (5, 17, 33)
     default = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]  # SGLang's usual small sizes
     assert edge_levels((1, 8, 32, 64), default) == (5, 25, 57)  # 5 pads to 8, 25 to 32, 57 to 64
     assert edge_levels((1, 8, 32), [1, 2, 4, 8, 16]) == (5, 31)  # above every graph a batch runs unpadded

@@ -13,7 +13,7 @@ import pytest
 from sglang_pcie.tools.tune_spec.candidates import Candidate
 from sglang_pcie.tools.tune_spec.release import adaptive_facts
 from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, copies_default,
-                                               fixed_medians, read_table, tuned_buckets, uniform, write_table,
+                                               default_entry, entry, fixed_medians, read_table, tuned_buckets, uniform, write_table,
                                                STEP_0_MEASURED)
 
 def release_loader(root):
@@ -218,3 +218,19 @@ def test_a_path_that_is_no_file_is_named(tmp_path):
         with pytest.raises(ValueError) as caught:
             read_table(str(path))
         assert str(caught.value) == f"{path}: not a file"
+
+
+def test_the_edges_of_the_copy_rule():
+    """Pinned by a mutation audit (2026-12-07): each line below failed under one planted one-line bug."""
+    # a batch below every key of SGLang's table goes to its lowest bucket, as SGLang routes it
+    assert default_entry(1, {8: {"candidate_steps": [1, 3]}, 32: {"candidate_steps": [0, 1]}}) == (
+        8, {"candidate_steps": [1, 3]})
+    # chain-1 winning is a chain winning: no "no speculation is best" note
+    assert tuned_buckets(FOUND, {8: {"none": 1.0, "chain-1": 3.0, "chain-3": 2.0}}) == ({8: [1]}, [])
+    # SGLang's one-step bucket [0] alone is not "SGLang's own table" (a one-step bucket never switches)
+    assert not copies_default({64: [0]}, DEFAULT_0_5_16)
+    # the hysteresis copied is that of SGLang's first bucket with those steps, and a one-step bucket carries none
+    assert entry([1, 3], {1: {"candidate_steps": [1, 3], "up_hysteresis": 0.1},
+                          8: {"candidate_steps": [1, 3], "up_hysteresis": 0.2}}) == {"candidate_steps": [1, 3],
+                                                                                       "up_hysteresis": 0.1}
+    assert config_json({64: [0]}, DEFAULT_0_5_16) == {"64": {"candidate_steps": [0]}}

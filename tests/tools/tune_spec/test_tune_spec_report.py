@@ -42,6 +42,8 @@ def test_each_verdict_in_its_words():
         " 3 pairs, noise band +-1.0%; resolving 2% needs more than 50 pairs at this spread")
     assert verdict_line(ranked, comparison("best", confidence=0.95), SETTINGS) == (  # a proof's fixed design
         "chain-5 is best by +5.0% [95% interval: +2.0% to +8.0%] over none (3 pairs, noise band +-1.0%)")
+    assert verdict_line(ranked, comparison("open", interval=(0.5, 1.25), pairs=2), SETTINGS).endswith(
+        "; resolving 2% needs more than 50 pairs at this spread")  # two pairs are enough to say so
     assert verdict_line(ranked, comparison("open", 1.1, None, 1, 0.0), SETTINGS) == (
         "cannot tell within the budget: chain-5 leads none by +10.0% over 1 pair")
 
