@@ -147,7 +147,8 @@ def test_every_script_with_options_starts_and_prints_its_help():
 
 # The helpers the GPU scripts source, and the one script that builds a wheel set on a machine with a package index
 # (it runs nothing on a GPU, so it has nothing to check).
-GPU_HELPERS = {"gpu_env.sh", "gpu_common.sh", "gpu_detached.sh"}
+INSTALL_CHECKS = {"gpu_env.sh", "gpu_common.sh", "gpu_detached.sh"}
+GPU_HELPERS = INSTALL_CHECKS | {"gpu_user_launch.sh"}  # the last: the test pairs' launch, shared
 GPU_BUILDERS = {"gpu_fi_wheels.sh"}
 GPU_SCRIPTS = sorted(p for p in SHELL if (p.name.startswith("gpu_") or p.name == "ipc_smoke.sh")
                      and p.name not in GPU_HELPERS | GPU_BUILDERS)
@@ -192,9 +193,9 @@ def test_every_gpu_script_goes_through_the_shared_install_check():
     for path in GPU_SCRIPTS:
         text = path.read_text()
         sources = set(re.findall(r"^\s*source .*?(gpu_\w+\.sh)", text, re.M))
-        if not sources & GPU_HELPERS:
-            bad.append(f"{path.name}: sources none of {sorted(GPU_HELPERS)}")
-        elif sources == {"gpu_env.sh"} and not re.search(r"^\s*gpu_env (--in \S+ )?\S+ \w", text, re.M):
+        if not sources & INSTALL_CHECKS:
+            bad.append(f"{path.name}: sources none of {sorted(INSTALL_CHECKS)}")
+        elif sources & INSTALL_CHECKS == {"gpu_env.sh"} and not re.search(r"^\s*gpu_env (--in \S+ )?\S+ \w", text, re.M):
             bad.append(f"{path.name}: sources gpu_env.sh but never calls gpu_env")
     assert not bad
 
