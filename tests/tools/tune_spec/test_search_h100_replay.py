@@ -74,7 +74,7 @@ PROOF_2026_12_07 = REPO / "benchmarks/results/2026-12-07-h100/tune-spec-8b-proof
 
 def test_the_table_of_2026_12_07_proven_on_one_h100_is_slower_than_neither_and_beats_each_somewhere():
     """That table (above) against SGLang's own table and chain-7, three servers each in the sweep's counterbalanced
-    order, at c=1, the edge c=2 and c=32 (lease 2 of 2026-12-07, the overlay of e2b65c8), by the proof's own rule
+    order, at c=1, the edge c=2 and c=32 (lease 2 of 2026-12-07, the overlay of c8fbf65), by the proof's own rule
     (answer.paired: 95% over the i-th servers, an effect only beyond the noise band)."""
     with tarfile.open(PROOF_2026_12_07 / "lease2-tunespec.tgz") as pack:
         state = json.loads(pack.extractfile("tunespec/8b-sweep/state.json").read())
