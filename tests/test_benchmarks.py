@@ -195,7 +195,8 @@ def test_every_gpu_script_goes_through_the_shared_install_check():
         sources = set(re.findall(r"^\s*source .*?(gpu_\w+\.sh)", text, re.M))
         if not sources & INSTALL_CHECKS:
             bad.append(f"{path.name}: sources none of {sorted(INSTALL_CHECKS)}")
-        elif sources & INSTALL_CHECKS == {"gpu_env.sh"} and not re.search(r"^\s*gpu_env (--in \S+ )?\S+ \w", text, re.M):
+        elif (sources & INSTALL_CHECKS == {"gpu_env.sh"}
+              and not re.search(r"^\s*gpu_env (--in \S+ )?\S+ \w", text, re.M)):
             bad.append(f"{path.name}: sources gpu_env.sh but never calls gpu_env")
     assert not bad
 

@@ -13,8 +13,8 @@ import pytest
 from sglang_pcie.tools.tune_spec.candidates import Candidate
 from sglang_pcie.tools.tune_spec.release import adaptive_facts
 from sglang_pcie.tools.tune_spec.table import (TABLE_FILE, best_fixed, bucket_ranges, config_json, copies_default,
-                                               default_entry, entry, fixed_medians, read_table, tuned_buckets, uniform, write_table,
-                                               STEP_0_MEASURED)
+                                               default_entry, entry, fixed_medians, read_table, tuned_buckets, uniform,
+                                               write_table, STEP_0_MEASURED)
 
 def release_loader(root):
     """The release's own ``_load_adaptive_config``, executed from its pristine source alone."""

@@ -33,10 +33,11 @@ def test_each_verdict_in_its_words():
         "cannot tell: the lead is about the servers' own spread, more pairs do not settle it; chain-5 leads none by"
         " +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs, noise band +-1.0%")
     assert verdict_line(ranked, comparison("open", needed=7), SETTINGS) == (
-        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs, noise band"
-        " +-1.0%; about 7 pairs would resolve 2%")
+        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: +2.0% to +8.0%] over 3 pairs,"
+        " noise band +-1.0%; about 7 pairs would resolve 2%")
     assert verdict_line(ranked, comparison("open", interval=(0.5, 1.0), needed=9), SETTINGS).startswith(
-        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: -50.0% to +0.0%] over 3 pairs")  # 2x: shown
+        "cannot tell within the budget: chain-5 leads none by +5.0% [99% interval: -50.0% to +0.0%] over 3 pairs"
+    )  # within 2x: shown
     assert verdict_line(ranked, comparison("open", interval=(0.5, 1.25)), SETTINGS) == (
         "cannot tell within the budget: chain-5 leads none by +5.0% [interval wider than 2x: nothing resolved] over"
         " 3 pairs, noise band +-1.0%; resolving 2% needs more than 50 pairs at this spread")
