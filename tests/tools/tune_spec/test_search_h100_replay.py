@@ -3,6 +3,7 @@ acceptance; benchmarks/results/2026-12-06-h100/tune-spec/): its state after the 
 sweep's servers as the measurements of what it starts next."""
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
 from dataclasses import replace
@@ -19,7 +20,8 @@ RUN = REPO / "benchmarks/results/2026-12-06-h100/tune-spec/8b-mixed"
 
 
 def load(name: str) -> dict:
-    return json.loads((RUN / name / "state.json").read_text())
+    with gzip.open(RUN / name / "state.json.gz", "rt") as state:
+        return json.load(state)
 
 
 def test_the_fourth_server_is_sglangs_table_and_the_answers_are_the_sweeps():
