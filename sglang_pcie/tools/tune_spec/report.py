@@ -11,8 +11,8 @@ from sglang_pcie.tools.tune_spec import table as tables
 from sglang_pcie.tools.tune_spec.answer import analyse_proof, recommend
 from sglang_pcie.tools.tune_spec.candidates import NONE
 from sglang_pcie.tools.tune_spec.model import label, log_interval
-from sglang_pcie.tools.tune_spec.search import (best_measured, compare, estimates, failed, level_name, measured,
-                                                models, plan_table, values)
+from sglang_pcie.tools.tune_spec.search import (best_measured, compare, drift, estimates, failed, level_name,
+                                                measured, models, plan_table, values)
 
 
 def _num(value, digits=1) -> str:
@@ -66,6 +66,7 @@ def _level(candidates, run, settings, level, model, mean_server_s) -> dict:
                    and not values(run, c.name, level)]
     return {"label": label(level), "rows": rows, "comparison": comparison, "answer": answer,
             "verdict": verdict_line(ranked, comparison, settings),
+            "drift": drift(run, level, settings.resolve),
             "model": model.as_dict([c.steps for c in candidates if c.modelled]),
             "unmeasured_higher": {n: {"predicted": v, "servers": 1,
                                       "minutes": None if mean_server_s is None else mean_server_s / 60}
@@ -187,6 +188,13 @@ def _level_lines(result: dict, level: int) -> list[str]:
         lines.append(f"  step time per request-verify: {model['tau_ms']['alpha']:.3f} + {model['tau_ms']['beta']:.3f}"
                      f" ms per draft step (chains measured at {', '.join(map(str, model['depths_measured']))} steps)")
     lines.append(f"  verdict: {result['verdict']}")
+    moved = result.get("drift")
+    if moved and moved["resolved"]:
+        low, high = moved["interval"]
+        lines.append(f"  drift: each candidate's last server ran {_pct(1 + moved['change'])} against its first"
+                     f" [95% interval: {_pct(1 + low)} to {_pct(1 + high)}; {moved['candidates']} candidates,"
+                     f" {_pct(1 + moved['smallest'])} to {_pct(1 + moved['largest'])}]: this host's speed changed"
+                     " during the run; pairs cancel a steady drift, not a step: find what else ran here, rerun")
     among = f", among those measured; {', '.join(unpredicted)} not measured" if unpredicted and result["answer"] else ""
     lines.append(f"  answer at {level_name(level)}: {result['answer'] or '-'} (measured{among})")
     for name, more in unpredicted.items():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from sglang_pcie.tools.tune_spec import report
 from sglang_pcie.tools.tune_spec.report import format_report, proof_lines, verdict_line
 from support.spec_cost_model import FACTS_0_5_16, LAUNCH, make_settings
@@ -224,3 +226,46 @@ def test_the_proofs_lines():
         "  FAILED: tuned: the proof is incomplete",
         "  c=7 (edge): tuned/adaptive +3.1% [+1.0% to +5.0%] higher; tuned/chain-3 - cannot tell",
         "  c=8: adaptive/chain-3 -1.0% cannot tell"]
+
+
+def sweep_of(first: dict, second: dict, level: int = 1) -> list[dict]:
+    """Servers in A..Z Z..A order: each candidate's first figure, then its second, the second pass reversed."""
+    names = list(first)
+    return ([entry(n, "chain", 3, {level: first[n]}) for n in names]
+            + [entry(n, "chain", 3, {level: second[n]}) for n in reversed(names)])
+
+
+def test_drift_is_named_where_every_candidate_moved_alike_and_only_there():
+    from sglang_pcie.tools.tune_spec.search import drift
+
+    first = {"a": 1000.0, "b": 900.0, "c": 800.0, "d": 700.0}
+    slower = drift(sweep_of(first, {"a": 790.0, "b": 730.0, "c": 610.0, "d": 560.0}), 1, 0.02)
+    assert slower["resolved"] and slower["candidates"] == 4
+    # the geometric mean of 0.790, 0.811, 0.7625 and 0.800
+    assert slower["change"] == pytest.approx((0.79 * 730 / 900 * 0.7625 * 0.8) ** 0.25 - 1)
+    assert slower["interval"][1] < 0
+    assert (slower["smallest"], slower["largest"]) == (pytest.approx(610 / 800 - 1), pytest.approx(730 / 900 - 1))
+    # the same figures, each candidate's two servers swapped: faster, named the same way
+    assert drift(sweep_of({"a": 790.0, "b": 730.0, "c": 610.0, "d": 560.0}, first), 1, 0.02)["resolved"]
+    # changes of both signs: noise, not drift
+    assert not drift(sweep_of(first, {"a": 1100.0, "b": 800.0, "c": 880.0, "d": 620.0}), 1, 0.02)["resolved"]
+    # every candidate a little slower, clearly, but less than the resolve target (the 2026-12-06 H100 at c=32: +1.5%
+    # [+0.1, +2.9]): not named
+    small = drift(sweep_of(first, {"a": 990.0, "b": 891.0, "c": 792.5, "d": 692.0}), 1, 0.02)
+    assert small["interval"][1] < 0 and not small["resolved"]
+    # two candidates with two servers: no interval worth the name
+    assert drift(sweep_of({"a": 1000.0, "b": 900.0}, {"a": 700.0, "b": 600.0}), 1, 0.02) is None
+    assert drift(sweep_of(first, {"a": 790.0, "b": 730.0, "c": 610.0, "d": 560.0}), 32, 0.02) is None  # no figures
+
+
+def test_the_drift_line_under_the_verdict():
+    slower = {"candidates": 5, "change": -0.214, "interval": [-0.332, -0.075], "smallest": -0.323,
+              "largest": -0.094, "resolved": True}
+    lines = report._level_lines(level(drift=slower), 1)
+    assert lines[lines.index("  verdict: V") + 1] == (
+        "  drift: each candidate's last server ran -21.4% against its first [95% interval: -33.2% to -7.5%;"
+        " 5 candidates, -32.3% to -9.4%]: this host's speed changed during the run; pairs cancel a steady drift,"
+        " not a step: find what else ran here, rerun")
+    for quiet in (dict(slower, resolved=False), None):
+        assert not any("drift" in line for line in report._level_lines(level(drift=quiet), 1))
+    assert not any("drift" in line for line in report._level_lines(level(), 1))  # a result from before the field
