@@ -21,9 +21,10 @@
 #                              table and the best fixed setting in counterbalanced repeats
 #                              (the token `answers` in CANDIDATES: each level's best measured candidate in the pair's
 #                              search, so that the sweep always holds what the search answered)
-# LEVELS (8b only, default 1,32): the concurrencies each server measures (a batch level: 4 x c requests), e.g. 1,2,32:
-# with CUDA graphs at 1 and 32 a batch of 2 to 32 is padded to 32, so batch 2 is where a table's bucket 32 begins;
-# SWEEP_LEVELS (8b only, default LEVELS): the sweep's own, so that the search measures 1,32 and the sweep also 2.
+# LEVELS (default 1,32): the concurrencies each server measures (a batch level: 4 x c requests, 16 x c on the
+# host-bound pairs), e.g. 1,2,32: with CUDA graphs at 1 and 32 a batch of 2 to 32 is padded to 32, so batch 2 is where
+# a table's bucket 32 begins; SWEEP_LEVELS (default LEVELS): the sweep's own, so that the search measures 1,32 and the
+# sweep also 2.
 # The user's launch is EAGLE-3, 3 steps, top-k 1, 4 draft tokens, TP1, triton attention, CUDA graphs at 1 and 32.
 # Models:  bash benchmarks/gpu_tune_spec.sh models     (returns at once: setsid)
 # Start:   bash benchmarks/gpu_tune_spec.sh start      (returns at once; waits for the models itself)
@@ -47,12 +48,13 @@ pair_args() {
     *) echo "pair $1: 8b, e2e-tokenwise or e2e-mixed-d2t10" >&2; return 2;;
   esac
 }
-levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure longer windows (c=32: 128 requests, 2 s)
+levels_of() {  # $1 pair, $2 step kind; the host-bound pair's servers measure longer windows (16 x c requests: 512
+  # at c=32, as --batch-requests 512 did there until 2026-12-07, and 32 at c=2, not 512)
   local levels=${LEVELS:-1,32}; [ "${2:-}" = sweep ] && levels=${SWEEP_LEVELS:-$levels}
   case $1 in
     8b) echo --concurrency $levels --stream-requests 8 --input-len 128 --output-len 256 \
           --start-timeout 420;;
-    *) echo --concurrency 1,32 --batch-requests 512 --stream-requests 16 --input-len 128 --output-len 256 \
+    *) echo --concurrency $levels --batch-waves 16 --stream-requests 16 --input-len 128 --output-len 256 \
           --start-timeout 420;;
   esac
 }

@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         " https://github.com/sglang-pcie/sglang-pcie/blob/main/docs/tune-spec.md)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="leave SGLang's adaptive steps (--speculative-adaptive) and the proof out")
+    p.add_argument("--batch-waves", type=int, metavar="W",
+                   help="at each level c > 1, W x c batch requests (default 4); --batch-requests N sends N at every"
+                        " level instead (the two exclude each other)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue a stopped run from DIR/state.json: its launch, workload and settings (only"
                         " --budget-minutes, --max-servers and --prove may change)")
@@ -130,6 +133,12 @@ def _check_limits(args) -> None:
     for flag, value in (("--sweep", args.sweep), ("--prove", args.prove)):
         if value < 0:
             raise UsageError(f"{flag} {value}: must be 0 (off) or a positive integer")
+    waves = getattr(args, "batch_waves", None)
+    if waves is not None and waves < 1:
+        raise UsageError(f"--batch-waves {waves}: must be a positive integer")
+    if waves is not None and args.batch_requests is not None:
+        raise UsageError(f"--batch-waves {waves} and --batch-requests {args.batch_requests} exclude each other:"
+                         " W x c requests at each level c, or N at every level")
 
 
 def _settings(args, launch_args: list) -> tuple[Settings, list, AdaptiveFacts]:
@@ -199,8 +208,10 @@ def stored_options(args: argparse.Namespace) -> dict:
             and isinstance(v, (str, int, float, bool, list, type(None)))}
 
 
-def dry_run(found, settings, facts) -> str:
+def dry_run(found, settings, facts, args) -> str:
+    sent = {c: level_workload.requests_at(c, args, args.batch_requests, args.batch_waves) for c in settings.levels}
     lines = [f"release: {facts.describe()}", f"levels: {', '.join(f'c={c}' for c in settings.levels)}",
+             "requests per level: " + ", ".join(f"c={c}: {n}" + " streamed" * (c == 1) for c, n in sent.items()),
              "candidates:"]
     for c in found:
         lines.append(f"  {c.name:<10} {c.kind:<8} python -m sglang.launch_server {' '.join(c.args)}")
@@ -248,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         facts = AdaptiveFacts.from_dict(state.get("release"))
     folder = folder or Path(args.out or time.strftime("tune-spec-%Y%m%d-%H%M%S")).resolve()
     if args.dry_run:
-        print(dry_run(found, settings, facts))
+        print(dry_run(found, settings, facts, args))
         return 0
     plan = bench_command.server_plan(argparse.Namespace(**dict(vars(args), concurrency=max(settings.levels))),
                                      folder, launch_args=[])
@@ -264,7 +275,7 @@ def _tune(args, plan, found, settings, state, folder, facts) -> int:
     # prompts are a function of (seed, level) alone: each server gets those of its levels (a proof's edge levels
     # are known only once the search's servers have logged their CUDA-graph sizes)
     def sent(levels):
-        return level_workload.prompts(plan.workload, levels, args.batch_requests)
+        return level_workload.prompts(plan.workload, levels, args.batch_requests, args.batch_waves)
     from sglang_pcie.tools.bench.runs import Progress
 
     progress = Progress(folder / "progress.log")

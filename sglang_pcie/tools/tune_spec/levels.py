@@ -4,8 +4,8 @@ server (a function of the seed and the level only).
 * level 1: one request at a time, streamed (``--stream-requests``); its figure is one request's decode speed,
   1000 / mean TPOT (ms): the mean, not the median, because with a drafter accepted on some requests and not on
   others the median lands between the two kinds, while the mean is the time per token over all of them.
-* level c > 1: a batch of ``--batch-requests`` (default 4 x c) greedy requests, c in flight; its figure is the
-  phase's output tok/s.
+* level c > 1: a batch of ``--batch-waves`` x c (default 4 x c) greedy requests, or ``--batch-requests`` at every
+  level, c in flight; its figure is the phase's output tok/s.
 
 Each level has its own prompts, so no phase finds another's prefixes in SGLang's radix cache.
 """
@@ -17,7 +17,7 @@ import time
 
 from sglang_pcie.tools.bench.workload import run_batch, run_stream
 
-WAVES = 4  # batch requests per level: 4 x its concurrency unless --batch-requests says
+WAVES = 4  # batch requests per level: 4 x its concurrency unless --batch-waves or --batch-requests says
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -77,11 +77,13 @@ def read_graph_batch_sizes(log_path) -> list[int] | None:
         return None
 
 
-def requests_at(level: int, workload, batch_requests: int | None) -> int:
-    return workload.stream_requests if level == 1 else batch_requests or WAVES * level
+def requests_at(level: int, workload, batch_requests: int | None, waves: int | None = None) -> int:
+    """Level 1: the streamed requests; a level c > 1: ``batch_requests`` where given, else ``waves`` (default
+    WAVES) x c, so that a longer window at the top level does not make the low levels crawl."""
+    return workload.stream_requests if level == 1 else batch_requests or (waves or WAVES) * level
 
 
-def prompts(workload, levels, batch_requests: int | None) -> dict:
+def prompts(workload, levels, batch_requests: int | None, waves: int | None = None) -> dict:
     """{"warmup": [...], "levels": {level: [...]}}: token-id prompts of bench's workload (length, token range),
     drawn from (seed, level)."""
     def make(name, count):
@@ -89,7 +91,7 @@ def prompts(workload, levels, batch_requests: int | None) -> dict:
         return [[rng.randrange(workload.token_low, workload.token_high) for _ in range(workload.input_len)]
                 for _ in range(count)]
     return {"warmup": make("warmup", max(levels)),
-            "levels": {c: make(f"level-{c}", requests_at(c, workload, batch_requests)) for c in levels}}
+            "levels": {c: make(f"level-{c}", requests_at(c, workload, batch_requests, waves)) for c in levels}}
 
 
 def drive(levels, batch_requests: int | None):

@@ -81,6 +81,8 @@ def test_requests_per_level():
     assert requests_at(1, w, None) == 5 and requests_at(1, w, 40) == 5  # c=1: the streamed requests
     assert requests_at(8, w, None) == 32  # 4 x c
     assert requests_at(8, w, 10) == 10  # --batch-requests
+    assert requests_at(8, w, None, 16) == 128 and requests_at(2, w, None, 16) == 32  # --batch-waves 16: 16 x c
+    assert requests_at(1, w, None, 16) == 5
 
 
 def expected(seed, name, count, w):

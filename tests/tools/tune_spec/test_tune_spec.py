@@ -56,6 +56,23 @@ def test_a_run_measures_every_level_keeps_its_state_and_says_what_to_launch(caps
     assert "server 2: chain-3" in err and "c=2: 4 x 12 tokens" in err  # progress on stderr
 
 
+def test_batch_waves_scale_each_levels_requests_and_a_resume_keeps_them(capsys, tmp_path):
+    small = [{"1,2": "1,2,3", "--batch-requests": "--batch-waves", "4": "3"}.get(w, w) for w in SMALL]
+    code = cli_main(["tune-spec", *small, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup",
+                     *LAUNCH])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert {c: state["servers"][0]["levels"][c]["requests"] for c in ("1", "2", "3")} == {"1": 2, "2": 6, "3": 9}
+    state["complete"] = False
+    (tmp_path / "run" / "state.json").write_text(json.dumps(state))
+    code = cli_main(["tune-spec", "--resume", str(tmp_path / "run"), "--max-servers", "2", "--port", FIRST_PORT])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    resumed = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert {c: resumed["servers"][1]["levels"][c]["requests"] for c in ("2", "3")} == {"2": 6, "3": 9}
+
+
 def test_resume_continues_a_run_with_its_own_launch_and_workload(capsys, tmp_path):
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), "--max-servers", "1", "--no-warmup",
                           "--budget-minutes", "30")
@@ -132,6 +149,8 @@ def test_resume_refuses_another_launch(capsys, tmp_path):
     (["--sweep", "1", "--candidates", "chain-3,chain-9"], "--candidates 'chain-3,chain-9': chain-9: this launch's"
                                                            " candidates are none, chain-1, chain-3, chain-5"),
     (["--sweep", "1", "--candidates", ","], "--candidates ',': no name given"),
+    (["--batch-waves", "0"], "--batch-waves 0: must be a positive integer"),
+    (["--batch-waves", "8"], "--batch-waves 8 and --batch-requests 4 exclude each other"),
 ])
 def test_bad_options_are_one_line_naming_them_and_start_nothing(capsys, tmp_path, argv, message):
     code, out, err = tune(capsys, "--out", str(tmp_path / "run"), *argv)
@@ -211,6 +230,10 @@ def test_dry_run_lists_the_candidates_the_levels_and_the_model_servers(capsys, t
     code, out, err = tune(capsys, "--dry-run", "--out", str(tmp_path / "run"))
     assert code == 0
     assert "chain-5    chain" in out and "the user's setting: chain-3" in out and "levels: c=1, c=2" in out
+    assert "\nrequests per level: c=1: 2 streamed, c=2: 4\n" in out  # --stream-requests 2, --batch-requests 4
+    small = [{"1,2": "1,2,32", "--batch-requests": "--batch-waves", "4": "16"}.get(w, w) for w in SMALL]
+    assert cli_main(["tune-spec", *small, "--dry-run", *LAUNCH]) == 0
+    assert "\nrequests per level: c=1: 2 streamed, c=2: 32, c=32: 512\n" in capsys.readouterr().out
     assert "first servers (the model): chain-5, chain-3, none" in out
 
 
