@@ -66,7 +66,7 @@ def _level(candidates, run, settings, level, model, mean_server_s) -> dict:
                    and not values(run, c.name, level)]
     return {"label": label(level), "rows": rows, "comparison": comparison, "answer": answer,
             "verdict": verdict_line(ranked, comparison, settings),
-            "drift": drift(run, level, settings.resolve),
+            "drift": drift(run, level, settings.resolve, len(settings.levels)),
             "model": model.as_dict([c.steps for c in candidates if c.modelled]),
             "unmeasured_higher": {n: {"predicted": v, "servers": 1,
                                       "minutes": None if mean_server_s is None else mean_server_s / 60}
@@ -192,7 +192,8 @@ def _level_lines(result: dict, level: int) -> list[str]:
     if moved and moved["resolved"]:
         low, high = moved["interval"]
         lines.append(f"  drift: each candidate's last server ran {_pct(1 + moved['change'])} against its first"
-                     f" [95% interval: {_pct(1 + low)} to {_pct(1 + high)}; {moved['candidates']} candidates,"
+                     f" [{moved.get('confidence', 0.95) * 100:.4g}% interval: {_pct(1 + low)} to {_pct(1 + high)};"
+                     f" {moved['candidates']} candidates,"
                      f" {_pct(1 + moved['smallest'])} to {_pct(1 + moved['largest'])}]: this host's speed changed"
                      " during the run; pairs cancel a steady drift, not a step: find what else ran here, rerun")
     among = f", among those measured; {', '.join(unpredicted)} not measured" if unpredicted and result["answer"] else ""

@@ -185,13 +185,15 @@ def noise_margin(servers: list[dict], level: int) -> float:
     return margin
 
 
-def drift(servers: list[dict], level: int, resolve: float) -> dict | None:
+def drift(servers: list[dict], level: int, resolve: float, levels: int = 1) -> dict | None:
     """Whether servers ran faster or slower as the run went on, whatever their candidate: for each candidate with
     two servers or more at ``level``, its last server's figure over its first (servers in the order they ran), and
-    the 95% t interval of the mean log change over the candidates (three at least; None under three). Pairs in
+    the t interval of the mean log change over the candidates (three at least; None under three). Pairs in
     counterbalanced order cancel a steady drift out of a comparison, not a step in the middle of the run; the
     drift is ``resolved`` where the interval excludes no change and the mean change is ``resolve`` or more (one
-    H200, 2026-12-07: every candidate's later server ran 9-32% below its first at one request)."""
+    H200, 2026-12-07: every candidate's later server ran 9-32% below its first at one request). The interval is at
+    1 - 5% / ``levels`` (the levels one run judges), so that on a host that does not drift a run names a drift at
+    any of its levels at most 5% of the time (benchmarks/results/2026-12-07-cpu/tune_spec_drift_rates.txt)."""
     changes = {}
     for name in dict.fromkeys(s["candidate"] for s in servers):
         got = values(servers, name, level)
@@ -201,9 +203,10 @@ def drift(servers: list[dict], level: int, resolve: float) -> dict | None:
         return None
     logs = [math.log(c) for c in changes.values()]
     mean = statistics.fmean(logs)
-    half = t_quantile(PROOF_CONFIDENCE, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    confidence = 1 - (1 - PROOF_CONFIDENCE) / max(1, levels)
+    half = t_quantile(confidence, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     resolved = (mean - half > 0 or mean + half < 0) and abs(mean) >= math.log1p(resolve)
-    return {"candidates": len(changes), "change": math.exp(mean) - 1,
+    return {"candidates": len(changes), "change": math.exp(mean) - 1, "confidence": confidence,
             "interval": [math.exp(mean - half) - 1, math.exp(mean + half) - 1],
             "smallest": min(changes.values()) - 1, "largest": max(changes.values()) - 1, "resolved": resolved}
 

@@ -101,14 +101,15 @@ def test_drift_is_named_in_the_h200_lease_that_drifted_and_in_no_other_sweep():
 
     with tarfile.open(REPO / "benchmarks/results/2026-12-07-h200/tune-spec-tokenwise/lease-tunespec.tgz") as pack:
         h200 = json.loads(pack.extractfile("tunespec/e2e-tokenwise-sweep/state.json").read())["servers"]
-    at_one = drift(h200, 1, 0.02)
-    assert at_one["resolved"] and at_one["candidates"] == 5
-    assert [round(v * 100, 1) for v in (at_one["change"], *at_one["interval"])] == [-21.4, -33.2, -7.5]
-    assert not drift(h200, 32, 0.02)["resolved"]
+    at_one = drift(h200, 1, 0.02, levels=2)  # the run's two levels: 97.5% each
+    assert at_one["resolved"] and at_one["candidates"] == 5 and at_one["confidence"] == 0.975
+    assert [round(v * 100, 1) for v in (at_one["change"], *at_one["interval"])] == [-21.4, -35.9, -3.5]
+    assert not drift(h200, 32, 0.02, levels=2)["resolved"]
     with gzip.open(REPO / "benchmarks/results/2026-12-06-h100/tune-spec-lease4/e2e-tokenwise-sweep/state.json.gz",
                    "rt") as state:
         lease4 = json.load(state)["servers"]
     with tarfile.open(PROOF_2026_12_07 / "lease2-tunespec.tgz") as pack:
         proof = json.loads(pack.extractfile("tunespec/8b-sweep/state.json").read())["servers"]
     for servers, levels in ((lease4, (1, 32)), (load("sweep")["servers"], (1, 32)), (proof, (1, 2, 32))):
-        assert not any(drift(servers, level, 0.02)["resolved"] for level in levels)
+        assert not any(drift(servers, level, 0.02, len(levels))["resolved"] for level in levels)
+        assert not any(drift(servers, level, 0.02)["resolved"] for level in levels)  # not even at 95% each

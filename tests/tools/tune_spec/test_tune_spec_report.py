@@ -259,13 +259,27 @@ def test_drift_is_named_where_every_candidate_moved_alike_and_only_there():
 
 
 def test_the_drift_line_under_the_verdict():
-    slower = {"candidates": 5, "change": -0.214, "interval": [-0.332, -0.075], "smallest": -0.323,
-              "largest": -0.094, "resolved": True}
+    slower = {"candidates": 5, "change": -0.214, "interval": [-0.359, -0.035], "smallest": -0.323,
+              "largest": -0.094, "resolved": True, "confidence": 0.975}
     lines = report._level_lines(level(drift=slower), 1)
     assert lines[lines.index("  verdict: V") + 1] == (
-        "  drift: each candidate's last server ran -21.4% against its first [95% interval: -33.2% to -7.5%;"
+        "  drift: each candidate's last server ran -21.4% against its first [97.5% interval: -35.9% to -3.5%;"
         " 5 candidates, -32.3% to -9.4%]: this host's speed changed during the run; pairs cancel a steady drift,"
         " not a step: find what else ran here, rerun")
     for quiet in (dict(slower, resolved=False), None):
         assert not any("drift" in line for line in report._level_lines(level(drift=quiet), 1))
     assert not any("drift" in line for line in report._level_lines(level(), 1))  # a result from before the field
+
+
+def test_the_drift_interval_widens_with_the_levels_a_run_judges():
+    from sglang_pcie.tools.tune_spec.search import drift
+
+    servers = sweep_of({"a": 1000.0, "b": 900.0, "c": 800.0}, {"a": 880.0, "b": 700.0, "c": 720.0})
+    one, four = drift(servers, 1, 0.02), drift(servers, 1, 0.02, levels=4)
+    assert (one["confidence"], four["confidence"]) == (0.95, 0.9875)
+    assert four["interval"][0] < one["interval"][0] < one["interval"][1] < four["interval"][1]
+    assert four["change"] == one["change"]
+    found, settings = make_settings(LAUNCH, levels=(1, 32))
+    analysed = report.analyse(found, [dict(s, candidate=f"chain-{' abc'.index(s['candidate'])}") for s in servers],
+                              settings)
+    assert analysed["levels"]["1"]["drift"]["confidence"] == 0.975  # two levels: 2.5% each
