@@ -133,7 +133,7 @@ def _check_limits(args) -> None:
     for flag, value in (("--sweep", args.sweep), ("--prove", args.prove)):
         if value < 0:
             raise UsageError(f"{flag} {value}: must be 0 (off) or a positive integer")
-    waves = getattr(args, "batch_waves", None)
+    waves = args.batch_waves
     if waves is not None and waves < 1:
         raise UsageError(f"--batch-waves {waves}: must be a positive integer")
     if waves is not None and args.batch_requests is not None:

@@ -191,11 +191,11 @@ def _level_lines(result: dict, level: int) -> list[str]:
     moved = result.get("drift")
     if moved and moved["resolved"]:
         low, high = moved["interval"]
-        lines.append(f"  drift: each candidate's last server ran {_pct(1 + moved['change'])} against its first"
-                     f" [{moved.get('confidence', 0.95) * 100:.4g}% interval: {_pct(1 + low)} to {_pct(1 + high)};"
-                     f" {moved['candidates']} candidates,"
-                     f" {_pct(1 + moved['smallest'])} to {_pct(1 + moved['largest'])}]: this host's speed changed"
-                     " during the run; pairs cancel a steady drift, not a step: find what else ran here, rerun")
+        lines.append(f"  drift: each candidate's last server ran {_pct(1 + moved['change'])} against its first on"
+                     f" average [{moved['confidence'] * 100:.4g}% interval: {_pct(1 + low)} to {_pct(1 + high)};"
+                     f" {moved['candidates']} candidates, from {_pct(1 + moved['smallest'])} to"
+                     f" {_pct(1 + moved['largest'])}]: this host's speed changed during the run; pairs cancel a"
+                     " steady drift, not a step: find what else ran here, rerun")
     among = f", among those measured; {', '.join(unpredicted)} not measured" if unpredicted and result["answer"] else ""
     lines.append(f"  answer at {level_name(level)}: {result['answer'] or '-'} (measured{among})")
     for name, more in unpredicted.items():

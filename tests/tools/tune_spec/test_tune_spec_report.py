@@ -263,9 +263,9 @@ def test_the_drift_line_under_the_verdict():
               "largest": -0.094, "resolved": True, "confidence": 0.975}
     lines = report._level_lines(level(drift=slower), 1)
     assert lines[lines.index("  verdict: V") + 1] == (
-        "  drift: each candidate's last server ran -21.4% against its first [97.5% interval: -35.9% to -3.5%;"
-        " 5 candidates, -32.3% to -9.4%]: this host's speed changed during the run; pairs cancel a steady drift,"
-        " not a step: find what else ran here, rerun")
+        "  drift: each candidate's last server ran -21.4% against its first on average [97.5% interval: -35.9% to"
+        " -3.5%; 5 candidates, from -32.3% to -9.4%]: this host's speed changed during the run; pairs cancel a"
+        " steady drift, not a step: find what else ran here, rerun")
     for quiet in (dict(slower, resolved=False), None):
         assert not any("drift" in line for line in report._level_lines(level(drift=quiet), 1))
     assert not any("drift" in line for line in report._level_lines(level(), 1))  # a result from before the field
