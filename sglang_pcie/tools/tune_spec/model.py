@@ -201,12 +201,13 @@ def _none_step(level: int, figures: dict) -> float | None:
     return tpot_ms / 1e3 if tpot_ms else None
 
 
-def log_interval(values: list[float], t_quantile) -> tuple[float, float] | None:
-    """The 95% t interval of the mean of log values, as values (None under two positive values)."""
+def log_interval(values: list[float], t_quantile, confidence: float = 0.95) -> tuple[float, float] | None:
+    """The t interval (95% unless ``confidence`` says) of the mean of log values, as values (None under two positive
+    values)."""
     values = [v for v in values if v and v > 0]
     if len(values) < 2:
         return None
     logs = [math.log(v) for v in values]
-    half = t_quantile(0.95, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = t_quantile(confidence, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     mean = statistics.fmean(logs)
     return math.exp(mean - half), math.exp(mean + half)

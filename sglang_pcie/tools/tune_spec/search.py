@@ -38,7 +38,7 @@ from sglang_pcie.tools.bench.verdicts import t_quantile
 from sglang_pcie.tools.tune_spec import table as tables
 from sglang_pcie.tools.tune_spec.candidates import NONE
 from sglang_pcie.tools.tune_spec.levels import edge_levels
-from sglang_pcie.tools.tune_spec.model import Model
+from sglang_pcie.tools.tune_spec.model import Model, log_interval
 
 CONFIDENCE = 0.99  # step 4: repeated looks
 PROOF_CONFIDENCE = 0.95  # step 3: a fixed design
@@ -201,13 +201,12 @@ def drift(servers: list[dict], level: int, resolve: float, levels: int = 1) -> d
             changes[name] = got[-1] / got[0]
     if len(changes) < 3:
         return None
-    logs = [math.log(c) for c in changes.values()]
-    mean = statistics.fmean(logs)
+    mean = statistics.fmean(math.log(c) for c in changes.values())
     confidence = 1 - (1 - PROOF_CONFIDENCE) / max(1, levels)
-    half = t_quantile(confidence, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    resolved = (mean - half > 0 or mean + half < 0) and abs(mean) >= math.log1p(resolve)
+    low, high = log_interval(list(changes.values()), t_quantile, confidence)
+    resolved = (low > 1 or high < 1) and abs(mean) >= math.log1p(resolve)
     return {"candidates": len(changes), "change": math.exp(mean) - 1, "confidence": confidence,
-            "interval": [math.exp(mean - half) - 1, math.exp(mean + half) - 1],
+            "interval": [low - 1, high - 1],
             "smallest": min(changes.values()) - 1, "largest": max(changes.values()) - 1, "resolved": resolved}
 
 
