@@ -81,7 +81,9 @@ class Row:
             object.__setattr__(self, "targets", tuple(dict.fromkeys(hook.module for hook in self.hooks)))
 
 
-_PROPOSED = "first drafts per token, sampled"
+_TURN = "its turn: the looks at the first drafts counted"
+_COUNTED = ("counting each target verify's first drafts per token in LogitsProcessor.forward (captured in SGLang's "
+            "CUDA graphs: every verify)")
 _MAP_AT_LOAD = "checking the vocabulary map at load (the drafter's lm_head rows against the target's)"
 TABLE = (
     Row(id="sm120-allreduce-fusion",
@@ -123,11 +125,13 @@ TABLE = (
         payload="sglang_pcie.patches.draft_token_watch.payload:wrap",
         hooks=(Hook("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2.verify", args=("v2",),
                     parameters=("self", "batch"), optional=True, diff="at-end",
-                    says=f"watching v2 EAGLEWorkerV2.verify ({_PROPOSED}; reads accept_lens)"),
+                    says=f"watching v2 EAGLEWorkerV2.verify ({_TURN})"),
                Hook("sglang.srt.speculative.eagle_worker", "EAGLEWorker.verify", args=("v1",),
                     parameters=("self", "batch"), optional=True, diff="at-end",
-                    says=f"watching v1 EAGLEWorker.verify ({_PROPOSED}; reads accept_length_per_req_cpu or "
-                         "num_accepted_drafts_per_req_cpu or num_correct_drafts_per_req_cpu)"),
+                    says=f"watching v1 EAGLEWorker.verify ({_TURN})"),
+               Hook("sglang.srt.layers.logits_processor", "LogitsProcessor.forward", args=("verify-logits",),
+                    parameters=("self", "input_ids", "hidden_states", "lm_head", "logits_metadata"), diff="at-end",
+                    says=_COUNTED),
                Hook("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker.init_lm_head", args=("load-v2",),
                     parameters=("self",), optional=True, diff="at-end",
                     says=f"{_MAP_AT_LOAD} after v2 EagleDraftWorker.init_lm_head"),

@@ -4,9 +4,14 @@ A wrong entry in a drafter's vocabulary map (d2t) sends one draft token to the w
 context: that token is proposed and then rejected, every time.  A drafter with 10% of its map wrong served
 token-identical text at accept length 2.51 instead of 2.76 and 0.89x batch throughput on one H200, far above the
 accept-length alarm's 1.10.  This watch counts, per target token, how often the drafter proposed it at the first
-draft position and how often the target accepted it, on the GPU, on a sample of verifies, and reads the counts
-back rarely (a non-blocking copy, each time the counts have doubled and every ``LOOK_SECONDS``).  A counted verify
-costs two copies into GPU buffers (no arithmetic); the counting itself runs once per ``BUFFER_ROWS`` first drafts.
+draft position and how often it agreed with the target there (the token greedy decoding takes: the target's
+argmax), on the GPU, and reads the counts back rarely (a non-blocking copy at 1, 2, 4, 8 s after the first verify,
+then every ``LOOK_SECONDS``).
+
+Where it counts: in SGLang's logits processor during the target's verify forward (``verify_count``: one Triton
+kernel, no host synchronisation).  SGLang captures that forward in a CUDA graph for each batch size it captures, and
+the kernel is captured with it: every such verify is counted at no host cost.  A verify run eagerly (a batch
+larger than the graphs, or graphs off) is counted on the watch's turn only.
 
 The test (numbers and why: docs/draft-token-watch.md).  The trials are contexts, not proposals: greedy decoding
 repeats a miss in a repeated context (the same prompt, or a text whose next token depends on the last one only),
@@ -22,9 +27,12 @@ P(D >= d | H0) <= alpha_k (a Chernoff bound for a sum of independent Bernoulli t
 ``ALPHA`` * 6 / (pi^2 k^2), so that all looks of one server together stay below ``ALPHA``; and only when the
 never-accepted tokens took at least ``MIN_DEAD_SHARE`` of the first drafts (a loss worth a warning).
 
-Cost: the watch times its own host work (the GPU counting, the rare read-back and the judging) and samples one
-verify in ``stride``, with ``stride`` chosen so that its measured time stays below ``COST_SHARE`` of the measured
-time between verifies; at looks 1, 2, 4, 8, ... it logs that time, as measured, at INFO.  Only chains (``--speculative-eagle-topk 1``) are watched; only TP rank 0 counts and logs.
+Cost: the watch's host work happens on its turn, one verify in ``stride`` (a clock read, the look's read-back and
+judging when due, the kernel's launch when that verify runs eagerly); every other verify costs an increment and a
+modulo.  It times its turns and chooses ``stride`` so that their measured time stays below ``COST_SHARE`` of the
+measured time between verifies; it measures its kernel's GPU time once at set-up; at looks 1, 2, 4, 8, ... it logs
+both, as measured, at INFO.  Only chains (``--speculative-eagle-topk 1``) are watched; only TP rank 0 counts and
+logs.
 
 This module imports neither sglang nor torch at import time.
 """
@@ -50,27 +58,33 @@ MIN_DEAD_SHARE = 0.02  # never-accepted tokens must have taken at least 2% of th
 MIN_DEAD_TOKENS = 3
 MIN_PROPOSALS = 1000  # first drafts counted before the first look
 CONTEXT_BUCKETS = 64  # a token's contexts: the verified tokens before it, hashed (id & 63)
-FIRST_STRIDE = 100  # count one verify in 100 until the watch has measured its own cost
+FIRST_STRIDE = 100  # the watch's turn: one verify in 100 until it has measured its own cost
 MAX_STRIDE = 10_000
-BUFFER_ROWS = 8192  # first drafts held on the GPU (token, accept length) before one bulk count
-LOOK_SECONDS = 10.0  # between read-backs
+FIRST_LOOK = 1.0  # seconds after the first verify; the looks' spacing then doubles up to LOOK_SECONDS
+LOOK_SECONDS = 10.0  # between read-backs, at most
 COST_SHARE = 0.0005  # the watch's own host time: at most 0.05% of the time between verifies
+TIMED_LAUNCHES = 20  # the kernel's GPU time, measured once at set-up over this many launches
 SHOWN_TOKENS = 5
-
-# v1's verify output: the accepted drafts per request, on the host (0.5.8-0.5.10.post1, 0.5.11, 0.5.12-0.5.12.post1)
-V1_FIELDS = ("accept_length_per_req_cpu", "num_accepted_drafts_per_req_cpu", "num_correct_drafts_per_req_cpu")
+# SGLang's verify input of an EAGLE chain or tree (EAGLE, EAGLE-3, STANDALONE); others (NGRAM) are not drafters
+VERIFY_INPUT = "EagleVerifyInput"
 
 WATCHING, WARNED, OFF = "watching", "warned", "off"
 
 
 def wrap(function, kind: str = "v2", settings=None):
-    """``function`` (an EAGLE worker's ``verify``; ``kind`` v1 or v2: what it returns) followed by the watch (which
-    reads no setting); with ``kind`` load-v2 / load-v1, the worker's set-up step that follows the vocabulary map and
-    the heads, with the map's check at load (``map_check``)."""
+    """``function`` with the watch (which reads no setting), by ``kind``:
+
+    - ``v2`` / ``v1``: an EAGLE worker's ``verify``, where the watch takes its turn (binds to the server at the first
+      verify, reads the clock, reads the counts back and judges them);
+    - ``verify-logits``: SGLang's ``LogitsProcessor.forward``, where a target verify's first drafts are counted;
+    - ``load-v2`` / ``load-v1``: the worker's set-up step that follows the vocabulary map and the heads, with the
+      map's check at load (``map_check``)."""
     if kind in ("load-v2", "load-v1"):
         from sglang_pcie.patches.draft_token_watch import map_check
 
         return mark(map_check.wrap_load(function, kind), PATCH_ID)
+    if kind == "verify-logits":
+        return mark(_logits_watched(function), PATCH_ID)
 
     @functools.wraps(function)
     def verify_watched(self, batch, *args, **kwargs):
@@ -78,27 +92,30 @@ def wrap(function, kind: str = "v2", settings=None):
         if watch.state != WATCHING:
             return function(self, batch, *args, **kwargs)
         watch.calls += 1
-        if watch.calls % watch.stride:  # a verify not counted: no clock read, no work (docs: its measured cost)
+        if watch.calls % watch.stride:  # not the watch's turn: no clock read, no work (docs: its measured cost)
             return function(self, batch, *args, **kwargs)
-        verify_input = _verify_input(kind, batch, args, kwargs)  # before: verify rebinds batch.spec_info (v1)
-        result = function(self, batch, *args, **kwargs)
-        watch.after_verify(self, batch, verify_input, result, kind)
-        return result
+        watch.turn_begins(self)
+        try:
+            return function(self, batch, *args, **kwargs)
+        finally:
+            watch.turn_ends()
     return mark(verify_watched, PATCH_ID)
 
 
-def _verify_input(kind: str, batch, args: tuple, kwargs: dict):
-    """What the verify checks: v1 up to 0.5.11 is called as ``verify(batch, spec_info)`` while ``batch.spec_info``
-    still holds the draft input; v1 from 0.5.12 and v2 read it from ``batch.spec_info`` (v2's other parameters are
-    not the verify input)."""
-    if kind == "v1":
-        given = args[0] if args else kwargs.get("spec_info")
-        if given is not None:
-            return given
-    return getattr(batch, "spec_info", None)
+def _logits_watched(function):
+    @functools.wraps(function)
+    def logits_watched(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        output = function(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+        mode = getattr(logits_metadata, "forward_mode", None)
+        if mode is not None and mode.is_target_verify():
+            watch = _WATCH or get_watch()
+            if watch.state == WATCHING:
+                watch.on_verify_logits(lm_head, logits_metadata, output)
+        return output
+    return logits_watched
 
 
-_WATCH: "DraftWatch | None" = None  # one per process: the process's EAGLE worker
+_WATCH: "DraftWatch | None" = None  # one per process: the process's EAGLE worker and target model
 
 
 def get_watch() -> "DraftWatch":
@@ -119,149 +136,183 @@ class DraftWatch:
                  first_stride=FIRST_STRIDE):
         self.clock, self.look_seconds, self.cost_share = clock, look_seconds, cost_share
         self.state = WATCHING
+        self.bound = False  # the first verify's turn has read the server (rank, chain, names)
         self.calls = 0  # verifies seen
-        self.sampled = 0  # verifies counted
+        self.turns = 0  # verifies that were the watch's turn
         self.stride = first_stride
-        self.own_seconds = 0.0  # the watch's host time in the verifies it counted (the others: an increment)
-        self.last_call = None  # when the last counted verify began
+        self.own_seconds = 0.0  # the watch's host time in its turns (the other verifies: an increment)
+        self.last_turn = None  # when the last turn began
         self.calls_at_last = 0
         self.interval = None  # running mean of the time between verifies (s)
-        self.counts = None  # GPU: [proposed | accepted | context buckets] per token, int64
+        self.counts = None  # GPU: [first drafts | agreeing ones | context buckets] per token, int64
+        self.contexts = None  # GPU: uint8 [vocab, CONTEXT_BUCKETS], 1 where the token was proposed in the bucket
+        self.vocab = 0
         self.host = self.ready = None  # pinned copy of counts, and the event that says it is complete
         self.pending = False
-        self.counted = 0  # first drafts counted (known on the host: the batch sizes)
-        self.counted_at_read = 0
-        self.at_look = None  # (counted, sampled, calls, own_seconds, interval) when the last look's counts were taken
-        self.last_read = None
+        self.count_next = False  # the verify under way is the watch's turn: count it if it runs eagerly
+        self.graphs = 0  # CUDA graph captures that took the count
+        self.graphs_missed = 0  # captures before the counts could be set up (not counted there)
+        self.eager_verifies = 0  # target verifies run eagerly since the first verify
+        self.eager_counted = 0  # ... of them counted (the watch's turn)
+        self.kernel_seconds = None  # the kernel's GPU time per launch, measured at set-up
+        self.kernel_rows = 0  # ... on a batch of this many requests
+        self.started = self.last_read = None
+        self.at_look = None  # the figures when the last look's counts were taken (``figures``)
         self.looks = 0
-        self.vocab = 0
         self.server: dict = {}
         self.logger = logging.getLogger(LOGGER)
         self.lines: list[str] = []
         self.finding: dict | None = None
-        self.setup_seconds = 0.0  # the one-time set-up (buffers, each kernel's first launch), measured
+        self.setup_seconds = 0.0  # the one-time set-up (buffers, the kernel's first launches), measured
 
-    # ---------------------------------------------------------------- in the decode path
+    # ---------------------------------------------------------------- the verify: the watch's turn
 
-    def after_verify(self, worker, batch, verify_input, result, kind) -> None:
-        """One counted verify. Never raises: an error turns the watch off, with one line saying so."""
+    def turn_begins(self, worker) -> None:
+        """Before SGLang's verify, on the watch's turn. Never raises: an error turns the watch off, with one line."""
         start = self.clock()
-        if self.last_call is not None:  # the mean time between verifies, from the counted ones
-            gap = (start - self.last_call) / max(1, self.calls - self.calls_at_last)
+        if self.last_turn is not None:  # the mean time between verifies, from the turns
+            gap = (start - self.last_turn) / max(1, self.calls - self.calls_at_last)
             self.interval = gap if self.interval is None else 0.9 * self.interval + 0.1 * gap
-        self.last_call, self.calls_at_last = start, self.calls
+        self.last_turn, self.calls_at_last = start, self.calls
         try:
-            if self.counts is None:
-                bound = self._bind(worker, batch, verify_input)
-                self.setup_seconds += self.clock() - start
-                if not bound:
-                    return
-                start = self.clock()  # the one-time set-up is no per-verify cost: the stride ignores it
-            self._count(verify_input, result, kind)
-            self._read_back(start)
+            if not self.bound:
+                self._bind(worker)
+                self.started = self.last_read = start
+            self.count_next = self.state == WATCHING
         except Exception as exc:  # never in SGLang's way
             self._off(f"{type(exc).__name__}: {exc}")
+        self.own_seconds += self.clock() - start
+
+    def turn_ends(self) -> None:
+        """After SGLang's verify, on the watch's turn: a look's read-back, when due, and the stride."""
+        start = self.clock()
+        self.count_next = False
+        try:
+            if self.state == WATCHING and self.counts is not None:
+                self._read_back(start)
+        except Exception as exc:
+            self._off(f"{type(exc).__name__}: {exc}")
         finally:
+            self.turns += 1
+            self.own_seconds += self.clock() - start
             if self.state == WATCHING:
-                self.own_seconds += self.clock() - start
                 self._restride()
 
     def _restride(self) -> None:
-        """Count one verify in ``stride``: the watch's measured host time per counted verify, spread over
-        ``stride`` verifies, at most ``cost_share`` of the measured time between verifies."""
-        if self.sampled and self.interval:
-            per_sample = self.own_seconds / self.sampled
-            self.stride = min(MAX_STRIDE, max(1, math.ceil(per_sample / (self.cost_share * self.interval))))
+        """A turn in ``stride`` verifies: the watch's measured host time per turn, spread over ``stride``
+        verifies, at most ``cost_share`` of the measured time between verifies."""
+        if self.turns and self.interval:
+            per_turn = self.own_seconds / self.turns
+            self.stride = min(MAX_STRIDE, max(1, math.ceil(per_turn / (self.cost_share * self.interval))))
 
-    def _bind(self, worker, batch, verify_input) -> bool:
-        import torch
-
+    def _bind(self, worker) -> None:
         from sglang_pcie.runtime.server_facts import describe_server, tp_rank
 
+        self.bound = True
         server_args = getattr(worker, "server_args", None)
         self.server = describe_server(server_args)
         self.logger = logging.getLogger(type(worker).__module__)
         topk = getattr(worker, "topk", getattr(server_args, "speculative_eagle_topk", 1))
         # The rank where each release keeps it (0.5.23's EAGLEWorkerV2 has no tp_rank: SGLang's parallel state).
-        if tp_rank(worker) != 0 or (topk or 1) != 1 or verify_input is None:
+        if tp_rank(worker) != 0 or (topk or 1) != 1:
             self.state = OFF  # other TP ranks see the same drafts; trees are not watched (docs)
+
+    # ---------------------------------------------------------------- the target's verify forward: the count
+
+    def on_verify_logits(self, lm_head, batch, output) -> None:
+        """A target verify's logits (``batch``: SGLang's ForwardBatch): counted where SGLang captures the forward
+        in a CUDA graph (then on every verify that graph runs), and on the watch's turn where it runs eagerly.
+        Never raises: an error turns the watch off, with one line."""
+        try:
+            import torch
+
+            if torch.compiler.is_compiling():
+                return  # traced by torch.compile (--enable-torch-compile): not counted (docs)
+            logits = getattr(output, "next_token_logits", None)
+            capturing = _capturing(logits)
+            if not capturing and self.calls:
+                self.eager_verifies += 1
+            if self.counts is None:
+                if capturing:
+                    self.graphs_missed += 1  # buffers made in a capture belong to the graph: none made there
+                    return
+                start = self.clock()
+                ready = self._set_up(lm_head, batch, logits)
+                self.setup_seconds += self.clock() - start
+                if not ready:
+                    return
+            if capturing:
+                if self._count(batch, logits):
+                    self.graphs += 1
+            elif self.count_next:
+                self.count_next = False
+                start = self.clock()
+                if self._count(batch, logits):
+                    self.eager_counted += 1
+                self.own_seconds += self.clock() - start
+        except Exception as exc:  # never in SGLang's way
+            self._off(f"{type(exc).__name__}: {exc}")
+
+    def _set_up(self, lm_head, batch, logits) -> bool:
+        """The buffers, at the first target verify forward that is not captured (SGLang runs each graph's forward
+        eagerly before capturing it): TP rank 0, chains, on a CUDA device (tests: Triton's interpreter)."""
+        import os
+
+        import torch
+
+        from sglang_pcie.runtime.server_facts import tp_rank
+
+        spec_info = getattr(batch, "spec_info", None)
+        if type(spec_info).__name__ != VERIFY_INPUT or (getattr(spec_info, "topk", 1) or 1) != 1:
+            self.state = OFF  # not an EAGLE drafter's verify, or a tree: not watched (docs)
             return False
-        draft = getattr(verify_input, "draft_token", None)
-        if not isinstance(draft, torch.Tensor):
-            self._off("the verify input carries no draft_token tensor")
+        if tp_rank(lm_head) != 0:
+            self.state = OFF  # other TP ranks see the same drafts
             return False
-        if draft.is_cuda and torch.cuda.is_current_stream_capturing():
-            return False  # inside a CUDA graph capture: bind at a later verify
-        self.vocab = _vocab_size(worker, batch)
-        if not self.vocab:
-            self._off("no vocabulary size on the worker or the batch")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            self._off("the target verify's logits are not a 2-D tensor")
             return False
-        self.counts = torch.zeros(3 * self.vocab, dtype=torch.int64, device=draft.device)
-        self.contexts = torch.zeros((self.vocab, CONTEXT_BUCKETS), dtype=torch.uint8, device=draft.device)
-        self.ones = torch.ones(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
-        self.ones_u8 = torch.ones(BUFFER_ROWS, dtype=torch.uint8, device=draft.device)
-        self.chain_buffer = torch.zeros((BUFFER_ROWS, 2), dtype=torch.int64, device=draft.device)  # [verified, first]
-        self.accept_buffer = torch.zeros(BUFFER_ROWS, dtype=torch.int64, device=draft.device)
-        self.buffered = 0
-        pin = draft.device.type == "cuda"
-        self.host = torch.zeros(3 * self.vocab, dtype=torch.int64, pin_memory=pin)
-        self._first_launches()
+        if not logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            self._off(f"counts on CUDA devices only (the target's logits are on {logits.device})")
+            return False
+        from sglang_pcie.patches.draft_token_watch import verify_count
+
+        self.vocab = int(logits.shape[1])
+        self.counts = torch.zeros(3 * self.vocab, dtype=torch.int64, device=logits.device)
+        self.contexts = torch.zeros((self.vocab, CONTEXT_BUCKETS), dtype=torch.uint8, device=logits.device)
+        self.host = torch.zeros(3 * self.vocab, dtype=torch.int64, pin_memory=logits.is_cuda)
+        self._launch = verify_count.launch
+        self._time_kernel(batch, logits)
         return True
 
-    def _first_launches(self) -> None:
-        """Each kernel the watch launches, once, here in the set-up: a kernel's first launch loads its module (lazy
-        CUDA loading, milliseconds), which the stride would otherwise take for a per-verify cost (one H200: 651 us
-        per counted verify and 0.52% of the time between verifies at the first look without this)."""
+    def _time_kernel(self, batch, logits) -> None:
+        """The kernel's GPU time per launch, measured once on this forward's shapes with every row left uncounted
+        (its scan of the logits runs all the same); its first launch (compiling, loading) is set-up."""
         import torch
 
-        self.accept_buffer[:1].copy_(self.chain_buffer[:1, 0].to(torch.int32))  # SGLang's accept_lens: int32
-        self.chain_buffer[:2].copy_(self.accept_buffer[:8].view(2, 4)[:, :2])  # strided, as from the drafts
-        self.buffered = 1
-        self.count_buffered()
-        torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
-        self.host.copy_(self.counts, non_blocking=True)
-        self.counts.zero_()
-        self.contexts.zero_()
-
-    def _count(self, verify_input, result, kind) -> None:
-        """Two copies: each request's verified token and first draft, and its accept length (the bonus token
-        included)."""
-        import torch
-
-        draft = verify_input.draft_token
-        if draft.is_cuda and torch.cuda.is_current_stream_capturing():
-            return  # a verify inside a CUDA graph capture: counting there would be baked into the graph
-        if kind == "v1":
-            verify_output = next(r for r in result if any(hasattr(r, f) for f in V1_FIELDS))
-            drafts = next(getattr(verify_output, f) for f in V1_FIELDS if hasattr(verify_output, f))
-            accept_lens = torch.tensor([d + 1 for d in drafts], dtype=torch.int64, device=draft.device)
-        else:
-            accept_lens = result.accept_lens
-        rows = accept_lens.shape[0]
-        if rows == 0 or draft.numel() % rows or draft.numel() // rows < 2 or rows > BUFFER_ROWS:
-            return  # an idle batch, no draft at all (adaptive steps at 0), a shape it does not know: not counted
-        if self.buffered + rows > BUFFER_ROWS:
-            self.count_buffered()
-        end = self.buffered + rows
-        # columns 0 and 1 of each chain: the verified token (the draft's context) and the first draft
-        self.chain_buffer[self.buffered:end].copy_(draft.reshape(rows, -1)[:, :2])
-        self.accept_buffer[self.buffered:end].copy_(accept_lens)
-        self.buffered = end
-        self.sampled += 1
-        self.counted += rows
-
-    def count_buffered(self) -> None:
-        """The buffered first drafts into counts ([proposed | accepted] per token) and each token's context
-        buckets."""
-        if self.counts is None:
+        inputs = _verify_inputs(batch, logits)
+        if inputs is None:
             return
-        n, self.buffered = self.buffered, 0
-        if n:
-            first = self.chain_buffer[:n, 1].clamp(0, self.vocab - 1)
-            self.counts.index_add_(0, first, self.ones[:n])
-            self.counts.index_add_(0, first + self.vocab, (self.accept_buffer[:n] >= 2).long())
-            bucket = self.chain_buffer[:n, 0].bitwise_and(CONTEXT_BUCKETS - 1)
-            self.contexts.index_put_((first, bucket), self.ones_u8[:n])
+        input_ids, seq_lens = inputs
+        uncounted = torch.zeros_like(seq_lens)
+        self._launch(logits, input_ids, uncounted, self.counts, self.contexts)
+        if not logits.is_cuda:
+            return
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(TIMED_LAUNCHES):
+            self._launch(logits, input_ids, uncounted, self.counts, self.contexts)
+        end.record()
+        end.synchronize()
+        self.kernel_seconds = begin.elapsed_time(end) / 1e3 / TIMED_LAUNCHES
+        self.kernel_rows = int(seq_lens.shape[0])
+
+    def _count(self, batch, logits) -> bool:
+        inputs = _verify_inputs(batch, logits)
+        if inputs is None:
+            return False  # no draft (adaptive steps at 0), a shape it does not know: not counted
+        self._launch(logits, *inputs, self.counts, self.contexts)
+        return True
 
     def _read_back(self, now) -> None:
         if self.pending:
@@ -269,15 +320,12 @@ class DraftWatch:
                 return
             self.pending = False
             self.judge_counts(self.host.numpy())
-        elif self.counted >= MIN_PROPOSALS and (self.counted >= 2 * self.counted_at_read or self.last_read is None
-                                                 or now - self.last_read >= self.look_seconds):
+        elif now - self.last_read >= min(self.look_seconds, max(FIRST_LOOK, self.last_read - self.started)):
             import torch
 
-            # a look each time the counts double, and every look_seconds: a short burst of traffic is judged too
-            self.last_read, self.counted_at_read = now, self.counted
-            self.count_buffered()
-            # the figures a look's lines give, as they are now: the counts read back are these first drafts
-            self.at_look = (self.counted, self.sampled, self.calls, self.own_seconds, self.interval)
+            # looks 1, 2, 4, 8 s after the first verify, then every look_seconds: a short burst is judged too
+            self.last_read = now
+            self.at_look = self.figures()
             torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
             self.host.copy_(self.counts, non_blocking=True)
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
@@ -285,10 +333,15 @@ class DraftWatch:
                 self.ready.record()
             self.pending = True
 
-    # ---------------------------------------------------------------- judging (host, numpy)
+    def figures(self) -> dict:
+        """What the cost line gives, as it is now."""
+        return {"calls": self.calls, "turns": self.turns, "own": self.own_seconds, "interval": self.interval,
+                "eager": self.eager_verifies, "eager_counted": self.eager_counted, "stride": self.stride}
+
+# ---------------------------------------------------------------- judging (host, numpy)
 
     def judge_counts(self, counts) -> None:
-        """Judge a read-back of ``counts``: [proposed | accepted | context buckets] per token (``count_buffered``)."""
+        """Judge a read-back of ``counts``: [first drafts | agreeing | context buckets] per token (``_read_back``)."""
         vocab = len(counts) // 3
         proposed, accepted, contexts = counts[:vocab], counts[vocab:2 * vocab], counts[2 * vocab:]
         if int(proposed.sum()) < MIN_PROPOSALS:
@@ -305,17 +358,20 @@ class DraftWatch:
                              f" no warning; {self.cost_text(self.at_look)}")
 
     def cost_text(self, at=None) -> str:
-        """The watch's own host time, as measured (the one-time set-up apart); ``at``: the figures as they were when
-        a look's counts were taken (``at_look``), so that a look's lines give one count of first drafts, the one
-        judged (the read-back completes verifies later, when more have been counted)."""
-        counted, sampled, calls, own, interval = at or (self.counted, self.sampled, self.calls, self.own_seconds,
-                                                        self.interval)
-        per_verify = own / sampled if sampled else 0.0
+        """Where the watch counts and what it costs, as measured (the one-time set-up apart); ``at``: the figures as
+        they were when a look's counts were taken (``at_look``), so that a look's lines describe the counts judged
+        (the read-back completes verifies later)."""
+        at = at or self.figures()
+        calls, turns, own, interval = at["calls"], at["turns"], at["own"], at["interval"]
+        per_turn = own / turns if turns else 0.0
         share = own / (calls * interval) if calls and interval else 0.0
-        return (f"{counted:,} first drafts counted in {sampled:,} of {calls:,} verifies (1 in"
-                f" {self.stride}); own host time {per_verify * 1e6:.1f} us per counted verify, {share:.3%} of the"
-                f" time between verifies ({(interval or 0) * 1e3:.2f} ms); set-up {self.setup_seconds * 1e3:.1f}"
-                " ms once")
+        missed = f", {self.graphs_missed} captured before it could count" if self.graphs_missed else ""
+        kernel = (f"kernel {self.kernel_seconds * 1e6:.1f} us of GPU time per verify of {self.kernel_rows} requests"
+                  " (measured at set-up)" if self.kernel_seconds is not None else "kernel time not measured")
+        return (f"counted: the {calls - at['eager']:,} of {calls:,} verifies run in CUDA graphs ({self.graphs} graphs"
+                f" took the count{missed}) and {at['eager_counted']:,} of {at['eager']:,} run eagerly; own host time"
+                f" {per_turn * 1e6:.1f} us per turn (1 verify in {at['stride']}), {share:.3%} of the time between"
+                f" verifies ({(interval or 0) * 1e3:.2f} ms); {kernel}; set-up {self.setup_seconds * 1e3:.1f} ms once")
 
     def _off(self, why: str) -> None:
         self.state = OFF
@@ -335,17 +391,27 @@ class _Done:
         return True
 
 
-def _vocab_size(worker, batch) -> int:
-    for owner, names in ((worker, ("target_worker", "model_config", "vocab_size")),
-                         (worker, ("target_worker", "model_runner", "model_config", "vocab_size")),
-                         (worker, ("model_config", "vocab_size")),
-                         (batch, ("sampling_info", "vocab_size"))):
-        value = owner
-        for name in names:
-            value = getattr(value, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
+def _capturing(logits) -> bool:
+    """Whether this forward is being captured in a CUDA graph (then the kernel is captured with it)."""
+    import torch
+
+    return isinstance(logits, torch.Tensor) and logits.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _verify_inputs(batch, logits):
+    """(input ids, seq_lens) of a target verify forward whose rows the kernel can count (a chain's verified token
+    and at least one draft per request, one logits row per input id, rows contiguous), else None."""
+    import torch
+
+    input_ids, seq_lens = getattr(batch, "input_ids", None), getattr(batch, "seq_lens", None)
+    if not (isinstance(input_ids, torch.Tensor) and isinstance(seq_lens, torch.Tensor)) or seq_lens.dim() != 1:
+        return None
+    requests, rows = int(seq_lens.shape[0]), int(input_ids.numel())
+    if requests == 0 or rows % requests or rows // requests < 2 or logits.shape[0] != rows or logits.stride(1) != 1:
+        return None
+    if input_ids.device != logits.device or seq_lens.device != logits.device:
+        return None
+    return input_ids.reshape(-1), seq_lens
 
 
 def chernoff_tail(mu: float, d: int) -> float:

@@ -1,15 +1,26 @@
-"""draft-token-watch driven through its verify wrapper with SGLang-shaped inputs on CPU tensors, in a real SGLang
-install (torch, numpy); prints one JSON object: scenario -> what the watch did."""
-import json
-import logging
-import math
-import sys
-from types import SimpleNamespace as NS
+"""draft-token-watch driven through its two wrappers (the EAGLE worker's verify: the watch's turn; SGLang's logits
+processor: the count) with SGLang-shaped inputs on CPU tensors, in a real SGLang install (its ForwardMode and
+EagleVerifyInput, torch, numpy), the count's Triton kernel run by Triton's interpreter; prints one JSON object:
+scenario -> what the watch did."""
+import os
 
-import numpy as np
-import torch
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernel runs on the CPU
 
-from sglang_pcie.patches.draft_token_watch import payload as dw
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+from types import SimpleNamespace as NS  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.speculative.eagle_info import EagleVerifyInput  # noqa: E402
+
+from sglang_pcie.patches.draft_token_watch import payload as dw  # noqa: E402
+from sglang_pcie.patches.draft_token_watch import verify_count  # noqa: E402
+
+VOCAB = 50
+FILL = 1  # SGLang's seq_lens fill value for a captured batch's padded rows
 
 
 class Clock:
@@ -20,50 +31,142 @@ class Clock:
         return self.now
 
 
-def worker(tp_rank=0, topk=1, vocab=50):
+def worker(tp_rank=0, topk=1):
     args = NS(speculative_algorithm="EAGLE3", model_path="/m/target", speculative_draft_model_path="/m/draft",
               speculative_num_steps=3, speculative_eagle_topk=topk)
-    return NS(tp_rank=tp_rank, topk=topk, server_args=args, target_worker=NS(model_config=NS(vocab_size=vocab)))
+    return NS(tp_rank=tp_rank, topk=topk, server_args=args)
+
+
+def verify_input(topk=1):
+    spec = object.__new__(EagleVerifyInput)  # SGLang's own class, as the target's verify forward carries it
+    spec.topk = topk
+    return spec
 
 
 VERIFIED = iter(range(10 ** 9))  # the verified tokens before the drafts: a new one each row (varied contexts)
 
 
-def batch(first, accepted_drafts, steps=3, verified=None):
-    """Per request [verified token, first draft, more drafts], flattened as SGLang holds draft_token."""
-    draft = torch.zeros((len(first), steps + 1), dtype=torch.int64)
-    draft[:, 1] = torch.tensor(first)
-    draft[:, 0] = torch.tensor(verified if verified is not None else [next(VERIFIED) for _ in first])
-    return NS(spec_info=NS(draft_token=draft.reshape(-1)), accepted=list(accepted_drafts))
+def forward(first, chosen, steps=3, verified=None, seq_lens=None, topk=1, mode=ForwardMode.TARGET_VERIFY):
+    """A target verify forward as the logits processor sees it: per request [verified token, first draft, more
+    drafts] as input ids, and logits whose row at the verified token peaks at ``chosen`` (the target's greedy
+    token there; the first draft agrees where it is the same)."""
+    rows = len(first)
+    ids = torch.zeros((rows, steps + 1), dtype=torch.int64)
+    if steps:
+        ids[:, 1] = torch.tensor(first)
+    ids[:, 0] = torch.tensor(verified if verified is not None else [next(VERIFIED) % VOCAB for _ in first])
+    logits = torch.randn((rows, steps + 1, VOCAB), generator=torch.Generator().manual_seed(rows)) \
+        .to(torch.bfloat16)
+    logits[torch.arange(rows), 0, torch.tensor(chosen)] = 20.0
+    batch = NS(forward_mode=mode, input_ids=ids.reshape(-1), spec_info=verify_input(topk),
+               seq_lens=torch.tensor(seq_lens if seq_lens is not None else [40] * rows))
+    return batch, NS(next_token_logits=logits.reshape(rows * (steps + 1), VOCAB))
 
 
-def v2_verify(self, b):
-    b.spec_info = "the next draft input"  # verify rebinds it, as SGLang's do
-    return NS(accept_lens=torch.tensor(b.accepted, dtype=torch.int32) + 1)
+def logits_forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args):
+    return logits_metadata.output  # SGLang's computed logits, carried here by the test batch
 
 
-def v1_verify(self, b):
-    b.spec_info = "the next draft input"
-    return ("logits", NS(num_correct_drafts_per_req_cpu=list(b.accepted)), True)
+LOGITS = dw.wrap(logits_forward, "verify-logits")
+LM_HEAD = NS(tp_rank=0)
 
 
-def fresh():
+def serve(verify_wrapped, work, batch, output, lm_head=LM_HEAD):
+    """One verify: the worker's verify (the watch's turn), inside which SGLang runs the target's verify forward
+    (eagerly here: the logits processor is called)."""
+    batch.output = output
+
+    def verify(self, b):
+        LOGITS(None, batch.input_ids, None, lm_head, batch)
+        return "result"
+    return verify_wrapped(verify)(work, batch)
+
+
+def fresh(first_stride=1):
     clock = Clock()
-    watch = dw.DraftWatch(clock=clock, look_seconds=1.0, first_stride=1)
+    watch = dw.DraftWatch(clock=clock, look_seconds=1.0, first_stride=first_stride)
     dw.set_watch(watch)
     return watch, clock
 
 
-def counting(kind):
-    watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify if kind == "v2" else v1_verify, kind)
-    for _ in range(3):
-        clock.now += 0.01
-        wrapped(worker(), batch([7, 7, 9, 60], [0, 2, 1, 3]))
-    watch.count_buffered()
+def turn(kind="v2"):
+    return lambda verify: dw.wrap(verify, kind)
+
+
+def counts(watch):
     c = watch.counts.tolist()
-    return {"proposed": {t: c[t] for t in (7, 9, 49)}, "accepted": {t: c[50 + t] for t in (7, 9, 49)},
-            "total": sum(c[:50]), "sampled": watch.sampled, "state": watch.state}
+    return {"proposed": c[:VOCAB], "agreed": c[VOCAB:2 * VOCAB],
+            "contexts": watch.contexts.nonzero().tolist()}
+
+
+def kernel_against_numpy(seed=5):
+    """The kernel on ties, bf16 logits, padded rows (seq_lens at the fill value), drafts outside the vocabulary and
+    a logits view with a row stride wider than the vocabulary, against numpy's argmax (the first maximum)."""
+    rng = np.random.default_rng(seed)
+    requests, per, vocab = 24, 4, 300
+    wide = torch.tensor(rng.integers(-3, 4, (requests * per, vocab + 7)), dtype=torch.bfloat16)  # ties abound
+    logits = wide[:, :vocab]
+    ids = torch.tensor(rng.integers(0, vocab, requests * per))
+    argmax = logits.float().numpy().argmax(1)
+    ids_view = ids.view(requests, per)
+    ids_view[::2, 1] = torch.tensor(argmax.reshape(requests, per)[::2, 0])  # half agree
+    ids_view[3, 1], ids_view[5, 1] = vocab + 4, -1  # outside the vocabulary
+    seq_lens = torch.tensor(rng.integers(2, 900, requests))
+    seq_lens[[7, 8]] = FILL
+    seq_lens[9] = 0
+    counted = torch.zeros(3 * vocab, dtype=torch.int64)
+    contexts = torch.zeros((vocab, dw.CONTEXT_BUCKETS), dtype=torch.uint8)
+    verify_count.launch(logits, ids, seq_lens, counted, contexts)
+    want_p, want_a = np.zeros(vocab, np.int64), np.zeros(vocab, np.int64)
+    want_c = np.zeros((vocab, dw.CONTEXT_BUCKETS), np.uint8)
+    for r in range(requests):
+        verified, draft = int(ids_view[r, 0]), int(ids_view[r, 1])
+        if seq_lens[r] < 2 or not 0 <= draft < vocab:
+            continue
+        want_p[draft] += 1
+        want_a[draft] += int(argmax[r * per] == draft)
+        want_c[draft, verified & 63] = 1
+    return {"proposed": counted[:vocab].tolist() == want_p.tolist(),
+            "agreed": counted[vocab:2 * vocab].tolist() == want_a.tolist(),
+            "contexts": contexts.numpy().tolist() == want_c.tolist(),
+            "total": int(counted[:vocab].sum()), "agreeing": int(want_a.sum()), "untouched": int(counted[2 * vocab:].sum())}
+
+
+def capture_and_turns():
+    """SGLang's capture of a verify graph: its eager warm-up forward (padded rows only) sets the counts up and
+    counts nothing; the captured forward takes the count (each replay of the graph counts that way); eager verifies
+    are counted on the watch's turn only; a graph captured before the set-up is named, not counted."""
+    watch, clock = fresh(first_stride=3)
+    capturing = [False]
+    real, dw._capturing = dw._capturing, lambda logits: capturing[0]
+    steps = []
+    try:
+        capturing[0] = True  # a capture before any eager forward: nothing can be set up inside it
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([1, 2], [1, 2])))
+        steps.append(["capture before set-up", watch.counts is not None, watch.graphs, watch.graphs_missed])
+        capturing[0] = False
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([3, 4], [3, 4], seq_lens=[FILL, FILL])))
+        steps.append(["warm-up", watch.counts is not None, int(watch.counts.sum()), watch.graphs])
+        capturing[0] = True
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([5, 6, 7], [5, 0, 7], seq_lens=[40, 41, FILL])))
+        steps.append(["capture", int(watch.counts[:VOCAB].sum()), int(watch.counts[VOCAB:2 * VOCAB].sum()),
+                      watch.graphs])
+        capturing[0] = False
+        wrapped = turn()
+        for i in range(6):  # eager verifies: turns at calls 3 and 6
+            clock.now += 0.01
+            serve(wrapped, worker(), *forward([10 + i], [10 + i]))
+        steps.append(["eager", int(watch.counts[:VOCAB].sum()), watch.eager_counted, watch.eager_verifies,
+                      watch.calls])
+    finally:
+        dw._capturing = real
+    return {"steps": steps, "proposed": [t for t in range(VOCAB) for _ in range(int(watch.counts[t]))],
+            "state": watch.state, "cost": watch.cost_text()}
+
+
+def _with_output(batch, output):
+    batch.output = output
+    return batch
 
 
 class Records(logging.Handler):
@@ -75,81 +178,63 @@ class Records(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def repeated_contexts(verifies=600, seed=4):
-    """The tokenwise test pair's traffic: each token is only ever drafted after one verified token (its one
-    context), and the healthy drafter misses 1 token in 5 in its context, every time."""
-    watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    rng = np.random.default_rng(seed)
-    for _ in range(verifies):
-        clock.now += 0.01
-        first = rng.integers(0, 40, 8)
-        drafts = np.where(first % 5 == 0, 0, rng.integers(1, 3, 8))
-        wrapped(worker(), batch(first.tolist(), drafts.tolist(), verified=(first + 1).tolist()))
-    return {"state": watch.state, "lines": watch.lines, "looks": watch.looks}
-
-
-def traffic(wrong, verifies=600, seed=3):
+def traffic(wrong, verifies=600, seed=3, repeated=False):
+    """``verifies`` of 8 requests, 10 ms apart, every one counted (stride 1, eager). Healthy: the target agrees
+    with a first draft 2 times in 3; ``wrong`` tokens never. ``repeated``: the tokenwise pair's traffic, each token
+    drafted after one verified token only, and a fifth of the tokens always missed there."""
     watch, clock = fresh()
     records = Records()
     logging.getLogger("types").addHandler(records)  # the watch logs to the worker's module logger (here: types)
     logging.getLogger("types").setLevel(logging.INFO)
-    wrapped = dw.wrap(v2_verify, "v2")
+    wrapped = turn()
     rng = np.random.default_rng(seed)
     for _ in range(verifies):
         clock.now += 0.01
         first = rng.integers(0, 40, 8)
-        drafts = np.where(np.isin(first, wrong), 0, rng.integers(0, 3, 8))
-        wrapped(worker(), batch(first.tolist(), drafts.tolist()))
+        if repeated:
+            agree = first % 5 != 0
+        else:
+            agree = ~np.isin(first, wrong) & (rng.random(8) < 2 / 3)
+        chosen = np.where(agree, first, (first + 1) % VOCAB)
+        verified = (first + 1).tolist() if repeated else None
+        serve(wrapped, worker(), *forward(first.tolist(), chosen.tolist(), verified=verified))
     logging.getLogger("types").removeHandler(records)
     return {"state": watch.state, "lines": watch.lines, "looks": watch.looks, "calls": watch.calls,
             "top": sorted(t for t, _ in (watch.finding or {}).get("top", [])), "logged": records.lines}
 
 
-def buffer_wraps():
-    """More first drafts than the GPU buffer holds: counted in bulk each time it fills, none lost."""
-    saved, dw.BUFFER_ROWS = dw.BUFFER_ROWS, 10
-    try:
-        watch, clock = fresh()
-        wrapped = dw.wrap(v2_verify, "v2")
-        for i in range(9):  # 9 x 4 rows through a buffer of 10
-            clock.now += 0.01
-            wrapped(worker(), batch([i, i, 20, 21], [1, 0, 2, 0]))
-        before = int(watch.counts.sum())
-        watch.count_buffered()
-        c = watch.counts.tolist()
-    finally:
-        dw.BUFFER_ROWS = saved
-    return {"counted_before_flush": before, "proposed": c[:50], "accepted": c[50:], "sampled": watch.sampled}
-
-
 def stride():
-    watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    real_count, real_bind = watch._count, watch._bind
+    """The watch's turn costs 20 us of the clock, the verifies come 10 ms apart: one turn in 4 (0.05%); a 50 ms
+    set-up is not charged per turn."""
+    watch, clock = fresh(first_stride=1)
+    wrapped = turn()
+    real_read_back, real_set_up = watch._read_back, watch._set_up
 
-    def slow_count(*args):  # the watch's own work: 20 us of the clock; the verify interval: 10 ms
+    def slow_read_back(*args):  # inside the turn's timed work
         clock.now += 20e-6
-        real_count(*args)
+        real_read_back(*args)
 
-    def slow_bind(*args):  # a one-time set-up of 50 ms must not count as per-verify cost
+    def slow_set_up(*args):
         clock.now += 0.05
-        return real_bind(*args)
-    watch._count, watch._bind = slow_count, slow_bind
+        return real_set_up(*args)
+    watch._read_back, watch._set_up = slow_read_back, slow_set_up
     for _ in range(400):
         clock.now += 0.01
-        wrapped(worker(), batch([1, 2], [1, 1]))
+        serve(wrapped, worker(), *forward([1, 2], [1, 2]))
     return {"stride": watch.stride, "expected": math.ceil(20e-6 / (dw.COST_SHARE * 0.01)),
-            "cost_share": watch.own_seconds / watch.calls / 0.01, "sampled": watch.sampled, "calls": watch.calls,
+            "cost_share": watch.own_seconds / watch.calls / 0.01, "turns": watch.turns, "calls": watch.calls,
             "setup": watch.setup_seconds, "cost_text": watch.cost_text()}
 
 
-def left_alone(w):
+def left_alone(work=None, topk=1, lm_head=LM_HEAD, spec=None):
     watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    wrapped(w, batch([1, 2], [1, 1]))
+    wrapped = turn()
+    batch, output = forward([1, 2], [1, 2], topk=topk)
+    if spec is not None:
+        batch.spec_info = spec
+    serve(wrapped, work or worker(), batch, output, lm_head=lm_head)
     calls = watch.calls
-    wrapped(w, batch([1, 2], [1, 1]))
+    serve(wrapped, work or worker(), batch, output, lm_head=lm_head)
     return {"state": watch.state, "lines": watch.lines, "counts": watch.counts is None, "calls_after": watch.calls,
             "calls_before": calls}
 
@@ -157,76 +242,50 @@ def left_alone(w):
 def no_drafts():
     """Adaptive steps at 0 (SGLang's trivial verify input): one token per request, no draft: nothing counted."""
     watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    for _ in range(3):
-        clock.now += 0.01
-        wrapped(worker(), NS(spec_info=NS(draft_token=torch.tensor([5, 6, 7])), accepted=[0, 0, 0]))
-    wrapped(worker(), batch([7, 8], [1, 0]))
-    watch.count_buffered()
-    return {"state": watch.state, "lines": watch.lines, "total": int(watch.counts[:50].sum())}
+    wrapped = turn()
+    serve(wrapped, worker(), *forward([7, 8], [7, 8]))
+    clock.now += 0.01
+    serve(wrapped, worker(), *forward([1, 2, 3], [1, 2, 3], steps=0))
+    return {"state": watch.state, "lines": watch.lines, "total": int(watch.counts[:VOCAB].sum())}
+
+
+def other_forwards():
+    """Prefill, decode and draft forwards pass through the logits processor untouched: nothing set up or counted."""
+    watch, clock = fresh()
+    for mode in (ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.IDLE):
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([1, 2], [1, 2], mode=mode)))
+    return {"state": watch.state, "set_up": watch.counts is not None, "lines": watch.lines}
 
 
 def read_backs():
-    """When the counts are read back: [verify, first drafts counted] at each read-back requested."""
+    """When the counts are read back: seconds after the first verify (1, 2, 4, 8 s, then every look_seconds)."""
     watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    reads = []
-    for i in range(1, 503):
-        clock.now += 1.0 if i == 501 else 0.001  # verify 501 completes the read-back of verify 500
-        wrapped(worker(), batch([j % 40 for j in range(i, i + 8)], [1] * 8))
-        if watch.counted_at_read != (reads[-1][1] if reads else 0):
-            reads.append([i, watch.counted_at_read])
+    watch.look_seconds = 10.0
+    wrapped = turn()
+    reads, last = [], None
+    for _ in range(400):
+        clock.now += 0.1
+        serve(wrapped, worker(), *forward([1], [1]))
+        if watch.last_read != last and watch.last_read != watch.started:
+            reads.append(round(watch.last_read - watch.started, 2))
+        last = watch.last_read
     return reads
 
 
-class OnGpu(torch.Tensor):
-    """A draft_token that says it is on the GPU (the capture check's path), held on the CPU."""
-
-    @property
-    def is_cuda(self):
-        return True
-
-
-def graph_capture():
-    """The GPU path while SGLang captures its CUDA graphs: a verify inside a capture neither binds the watch
-    (buffers made in a capture belong to the graph) nor counts (the copies would be baked into the graph)."""
-    watch, clock = fresh()
-    wrapped = dw.wrap(v2_verify, "v2")
-    capturing = [True]
-    real, torch.cuda.is_current_stream_capturing = torch.cuda.is_current_stream_capturing, lambda: capturing[0]
-    steps = []
-    try:
-        for capture, first in ((True, [1, 2]), (False, [3, 4, 5]), (True, [6]), (False, [7, 8])):
-            capturing[0] = capture
-            clock.now += 0.01
-            b = batch(first, [1] * len(first))
-            b.spec_info.draft_token = b.spec_info.draft_token.as_subclass(OnGpu)
-            wrapped(worker(), b)
-            steps.append([capture, watch.counts is not None, watch.sampled, watch.counted])
-    finally:
-        torch.cuda.is_current_stream_capturing = real
-    watch.count_buffered()
-    c = watch.counts.tolist()
-    return {"steps": steps, "proposed": [t for t in range(50) for _ in range(c[t])], "state": watch.state}
-
-
 def v1_called_with_its_verify_input():
-    """v1 up to 0.5.11 is called as ``verify(batch, spec_info)`` while ``batch.spec_info`` still holds the draft
-    input (0.5.9's scheduler): the watch counts the spec_info it is handed."""
+    """v1 up to 0.5.11 is called as ``verify(batch, spec_info)``: the turn passes every argument through."""
     watch, clock = fresh()
+    seen = []
 
     def verify_0_5_9(self, b, spec_info):
-        return ("logits", NS(num_correct_drafts_per_req_cpu=list(b.accepted)), True)
+        seen.append(spec_info)
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([1, 2], [1, 0])))
+        return "result"
 
     wrapped = dw.wrap(verify_0_5_9, "v1")
-    for _ in range(2):
-        clock.now += 0.01
-        given = batch([1, 2], [1, 0])
-        wrapped(worker(), NS(spec_info=NS(kind="the draft input"), accepted=given.accepted), given.spec_info)
-    if watch.counts is None:  # never bound (the bug: it read the draft input and went off)
-        return {"state": watch.state, "lines": watch.lines, "proposed": None}
-    watch.count_buffered()
-    return {"state": watch.state, "lines": watch.lines, "proposed": int(watch.counts[:50].sum())}
+    result = wrapped(worker(), NS(spec_info="the draft input"), "the verify input")
+    return {"state": watch.state, "lines": watch.lines, "seen": seen, "result": result,
+            "proposed": int(watch.counts[:VOCAB].sum())}
 
 
 def rank_from_sglang():
@@ -236,33 +295,41 @@ def rank_from_sglang():
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     real = object.__new__(EAGLEWorkerV2)
-    template = worker()
-    real.server_args, real.topk, real._target_worker = template.server_args, 1, template.target_worker
+    real.server_args, real.topk = worker().server_args, 1
     out = {"has_tp_rank": hasattr(real, "tp_rank")}
     for rank in (1, 0):
         watch, clock = fresh()
-        wrapped = dw.wrap(v2_verify, "v2")
+        wrapped = turn()
         with get_parallel().override(tp_rank=rank):
             clock.now += 0.01
-            wrapped(real, batch([1, 2], [1, 1]))
+            serve(wrapped, real, *forward([1, 2], [1, 1]), lm_head=NS())  # a head without tp_rank: SGLang's state
         out[f"rank_{rank}"] = {"state": watch.state, "bound": watch.counts is not None, "lines": watch.lines}
     return out
 
 
 def error():
     watch, clock = fresh()
-    wrapped = dw.wrap(lambda self, b: NS(accept_lens="not a tensor"), "v2")
-    result = wrapped(worker(), batch([1, 2], [1, 1]))
-    return {"returned": result.accept_lens, "state": watch.state, "lines": watch.lines}
+    wrapped = turn()
+    serve(wrapped, worker(), *forward([1, 2], [1, 1]))
+
+    def broken(*args):
+        raise RuntimeError("a launch that fails")
+    watch._launch = broken
+    clock.now += 0.01
+    result = serve(wrapped, worker(), *forward([1, 2], [1, 1]))
+    clock.now += 0.01
+    again = serve(wrapped, worker(), *forward([1, 2], [1, 1]))
+    return {"returned": [result, again], "state": watch.state, "lines": watch.lines}
 
 
 print(json.dumps({
-    "count_v2": counting("v2"), "count_v1": counting("v1"),
+    "kernel": kernel_against_numpy(), "capture": capture_and_turns(),
     "wrong": traffic([3, 13, 23, 33]), "healthy": traffic([]),
+    "repeated_contexts": traffic([], verifies=300, repeated=True),
     "stride": stride(),
-    "tp1": left_alone(worker(tp_rank=1)), "tree": left_alone(worker(topk=4)),
-    "error": error(), "no_drafts": no_drafts(), "buffer_wraps": buffer_wraps(),
-    "repeated_contexts": repeated_contexts(), "graph_capture": graph_capture(),
+    "tp1": left_alone(lm_head=NS(tp_rank=1)), "tree": left_alone(topk=4),
+    "ngram": left_alone(spec=NS(topk=1)), "tree_worker": left_alone(work=worker(topk=4)),
+    "error": error(), "no_drafts": no_drafts(), "other_forwards": other_forwards(),
     "read_backs": read_backs(), "v1_spec_info": v1_called_with_its_verify_input(),
     "rank_from_sglang": rank_from_sglang(),
 }))

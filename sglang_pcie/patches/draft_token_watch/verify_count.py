@@ -1,0 +1,59 @@
+"""draft-token-watch's count of a target verify's first drafts: one Triton kernel, no host synchronisation.
+
+It is launched from SGLang's logits processor in the target's verify forward (``payload.wrap``, kind
+``verify-logits``), so where SGLang captures that forward in a CUDA graph (every batch size it captured) the kernel
+is captured with it and runs on every verify at no host cost; an eager verify launches it only on the watch's turn.
+
+One program per request of the verify batch. SGLang's verify input holds, per request, the verified token (the
+first draft's context) and then the chain's drafts (``EagleVerifyInput.draft_token``, the forward's input ids), and
+the target's logits hold one row per position. The first draft **agrees** with the target where it is the first
+index of the maximum of the target's row at the verified token: the token greedy decoding takes there, SGLang's
+``argmax`` (so whether greedy verification accepts it). Counted per target token: first drafts, those agreeing,
+and the context bucket (verified token & ``buckets - 1``) it was proposed in.
+
+Rows whose ``seq_lens`` is below 2 are not counted: SGLang pads a captured batch up to the graph's size and fills
+the padded rows' ``seq_lens`` with its fill value (1 on every attention backend, 0 in the base class) while their
+input ids are stale (a previous batch's); a real request's verified token follows at least one token, except at the
+first verify of a one-token prompt (left out). A first draft outside the vocabulary is not counted.
+
+This module imports triton: the watch imports it only where it counts on a GPU (tests: ``TRITON_INTERPRET=1``).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BLOCK = 2048  # logits read per loop step
+
+
+@triton.jit
+def _count_first_drafts(logits, row_stride, input_ids, seq_lens, counts, contexts, vocab, per_request,
+                        BLOCK: tl.constexpr, BUCKETS: tl.constexpr):
+    request = tl.program_id(0)
+    first = request.to(tl.int64) * per_request
+    verified = tl.load(input_ids + first)
+    draft = tl.load(input_ids + first + 1)
+    counted = (tl.load(seq_lens + request) >= 2) & (draft >= 0) & (draft < vocab)
+    draft = tl.where(counted, draft, 0)
+    row = logits + first * row_stride  # the target's logits at the verified token
+    chosen = tl.load(row + draft).to(tl.float32)
+    # the draft agrees where no logit beats it and none before it equals it (argmax takes the first maximum)
+    beaten = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, vocab, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        values = tl.load(row + offsets, mask=offsets < vocab, other=float("-inf")).to(tl.float32)
+        beaten += ((values > chosen) | ((values == chosen) & (offsets < draft))).to(tl.int32)
+    agrees = tl.sum(beaten, 0) == 0
+    tl.atomic_add(counts + draft, 1, mask=counted)
+    tl.atomic_add(counts + vocab + draft, agrees.to(tl.int64), mask=counted)
+    tl.store(contexts + draft.to(tl.int64) * BUCKETS + (verified & (BUCKETS - 1)), 1, mask=counted)
+
+
+def launch(logits, input_ids, seq_lens, counts, contexts) -> None:
+    """Count one verify: ``logits`` [requests x per_request, vocab] (rows contiguous), ``input_ids`` [requests x
+    per_request], ``seq_lens`` [requests]; into ``counts`` (int64: first drafts per token, then agreeing ones, each
+    ``vocab`` long) and ``contexts`` (uint8 [vocab, buckets]: 1 where the token was proposed in that bucket)."""
+    requests = seq_lens.shape[0]
+    vocab, buckets = contexts.shape
+    _count_first_drafts[(requests,)](logits, logits.stride(0), input_ids, seq_lens, counts, contexts, vocab,
+                                     input_ids.shape[0] // requests, BLOCK=BLOCK, BUCKETS=buckets)
