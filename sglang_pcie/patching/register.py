@@ -238,23 +238,29 @@ REGISTER = (
              "Only check-drafter, run by hand, named them."),
         upstream=(),
         upstream_note="none: SGLang counts accepted drafts per request, never per proposed token",
-        checked="2026-12-03",
+        checked="2026-12-07",
         remove_when="SGLang reports per-token draft acceptance or checks the drafter's vocabulary map itself",
-        upstream_check=("never upstream so far; statically: the worker classes' verify(self, batch), the result "
-                        "fields holding the accepted drafts, EagleVerifyInput.draft_token, the load steps "
-                        "(EagleDraftWorker.init_lm_head, EAGLEWorker.init_cuda_graphs) and the map they bind"),
+        upstream_check=("never upstream so far; statically: the worker classes' verify(self, batch), "
+                        "LogitsProcessor.forward(self, input_ids, hidden_states, lm_head, logits_metadata) and the "
+                        "names the count reads (next_token_logits, is_target_verify, input_ids, seq_lens, spec_info, "
+                        "EagleVerifyInput.topk), the load steps (EagleDraftWorker.init_lm_head, "
+                        "EAGLEWorker.init_cuda_graphs) and the map they bind"),
         runtime_method=("post-import hook on eagle_worker / eagle_worker_v2 wraps EagleDraftWorker.init_lm_head "
                         "(after it) and EAGLEWorker.init_cuda_graphs (before it) with the map check at load (once, TP "
                         "rank 0: every draft lm_head row against its mapped target row, rows that do not line up "
-                        "scanned against every target row), and EAGLEWorker.verify and "
-                        "EAGLEWorkerV2.verify with sglang_pcie.patches.draft_token_watch.payload.wrap: "
-                        "on a sample of verifies (at most 0.05% of the verify interval in host time, as measured "
-                        "by the watch) two copies into GPU buffers (verified token and first draft; accept length), counted in bulk per "
-                        "target token with the context buckets it was proposed in; a non-blocking read-back as the "
-                        "counts double and every 10 s; TP rank 0, top-k 1 only"),
-        static_method=("ast: the worker classes and verify(self, batch) (own or inherited), the accepted-draft "
-                       "fields in the worker module, draft_token in eagle_info, the load steps and the names "
-                       "hot_token_id / target_worker where they are defined"),
+                        "scanned against every target row); on logits_processor it wraps LogitsProcessor.forward: in "
+                        "the target's verify forward one Triton kernel counts per target token the first drafts, "
+                        "those that are the target's argmax and the context buckets (TP rank 0, top-k 1, "
+                        "EagleVerifyInput only); SGLang captures it with the forward in its CUDA graphs, so every "
+                        "graph-run verify is counted at no host cost, an eager verify on the watch's turn only; "
+                        "EAGLEWorker.verify and EAGLEWorkerV2.verify are wrapped with the watch's turn (one verify in "
+                        "stride, at most 0.05% of the verify interval in host time, as measured): a non-blocking "
+                        "read-back at 1, 2, 4, 8 s, then every 10 s, and the judging"),
+        static_method=("ast: the worker classes and verify(self, batch) (own or inherited), "
+                       "LogitsProcessor.forward and its parameters, next_token_logits in logits_processor, "
+                       "is_target_verify / input_ids / seq_lens / spec_info in forward_batch_info, the class "
+                       "EagleVerifyInput and topk in eagle_info, the load steps and the names hot_token_id / "
+                       "target_worker where they are defined"),
     ),
 )
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow  # upstream tracking over every release tree: CI r
 READ_BY_THE_CHECKS = (
     "sglang/__init__.py", "sglang/version.py", "sglang/_version.py",
     "sglang/srt/layers/communicator.py", "sglang/srt/layers/flashinfer_comm_fusion.py",
-    "sglang/srt/layers/layer_boundary/residual/add_norm.py",
+    "sglang/srt/layers/layer_boundary/residual/add_norm.py", "sglang/srt/layers/logits_processor.py",
     "sglang/srt/speculative", "sglang/srt/models", "sglang/srt/model_executor",
     "sglang/srt/runtime_context.py", "sglang/srt/utils/__init__.py", "sglang/srt/utils/common.py",
     "sglang/srt/distributed",
