@@ -107,10 +107,10 @@ def _logits_watched(function):
     def logits_watched(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         output = function(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
         mode = getattr(logits_metadata, "forward_mode", None)
-        if mode is not None and mode.is_target_verify():
+        if mode is not None and mode.is_target_verify() and not _compiling():
             watch = _WATCH or get_watch()
             if watch.state == WATCHING:
-                watch.on_verify_logits(lm_head, logits_metadata, output)
+                watch.on_verify_logits(self, lm_head, logits_metadata, output)
         return output
     return logits_watched
 
@@ -219,15 +219,11 @@ class DraftWatch:
 
     # ---------------------------------------------------------------- the target's verify forward: the count
 
-    def on_verify_logits(self, lm_head, batch, output) -> None:
-        """A target verify's logits (``batch``: SGLang's ForwardBatch): counted where SGLang captures the forward
-        in a CUDA graph (then on every verify that graph runs), and on the watch's turn where it runs eagerly.
-        Never raises: an error turns the watch off, with one line."""
+    def on_verify_logits(self, processor, lm_head, batch, output) -> None:
+        """A target verify's logits (``processor``: SGLang's LogitsProcessor, ``batch``: its ForwardBatch): counted
+        where SGLang captures the forward in a CUDA graph (then on every verify that graph runs), and on the watch's
+        turn where it runs eagerly. Never raises: an error turns the watch off, with one line."""
         try:
-            import torch
-
-            if torch.compiler.is_compiling():
-                return  # traced by torch.compile (--enable-torch-compile): not counted (docs)
             logits = getattr(output, "next_token_logits", None)
             capturing = _capturing(logits)
             if not capturing and self.calls:
@@ -237,7 +233,7 @@ class DraftWatch:
                     self.graphs_missed += 1  # buffers made in a capture belong to the graph: none made there
                     return
                 start = self.clock()
-                ready = self._set_up(lm_head, batch, logits)
+                ready = self._set_up(processor, lm_head, batch, logits)
                 self.setup_seconds += self.clock() - start
                 if not ready:
                     return
@@ -253,7 +249,7 @@ class DraftWatch:
         except Exception as exc:  # never in SGLang's way
             self._off(f"{type(exc).__name__}: {exc}")
 
-    def _set_up(self, lm_head, batch, logits) -> bool:
+    def _set_up(self, processor, lm_head, batch, logits) -> bool:
         """The buffers, at the first target verify forward that is not captured (SGLang runs each graph's forward
         eagerly before capturing it): TP rank 0, chains, on a CUDA device (tests: Triton's interpreter)."""
         import os
@@ -271,6 +267,10 @@ class DraftWatch:
             return False
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
             self._off("the target verify's logits are not a 2-D tensor")
+            return False
+        vocab = getattr(processor, "vocab_size", None)
+        if isinstance(vocab, int) and logits.shape[1] < vocab:
+            self._off(f"the target verify's logits hold {logits.shape[1]} of the {vocab} tokens (a vocabulary shard)")
             return False
         if not logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             self._off(f"counts on CUDA devices only (the target's logits are on {logits.device})")
@@ -389,6 +389,13 @@ class _Done:
     @staticmethod
     def query():
         return True
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing this forward (--enable-torch-compile): not counted there (docs)."""
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def _capturing(logits) -> bool:

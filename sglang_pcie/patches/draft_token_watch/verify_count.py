@@ -27,25 +27,25 @@ BLOCK = 2048  # logits read per loop step
 
 
 @triton.jit
-def _count_first_drafts(logits, row_stride, input_ids, seq_lens, counts, contexts, vocab, per_request,
-                        BLOCK: tl.constexpr, BUCKETS: tl.constexpr):
+def _count_first_drafts(logits, row_stride, input_ids, seq_lens, counts, contexts, per_request,
+                        VOCAB: tl.constexpr, BLOCK: tl.constexpr, BUCKETS: tl.constexpr):
     request = tl.program_id(0)
     first = request.to(tl.int64) * per_request
     verified = tl.load(input_ids + first)
     draft = tl.load(input_ids + first + 1)
-    counted = (tl.load(seq_lens + request) >= 2) & (draft >= 0) & (draft < vocab)
+    counted = (tl.load(seq_lens + request) >= 2) & (draft >= 0) & (draft < VOCAB)
     draft = tl.where(counted, draft, 0)
     row = logits + first * row_stride  # the target's logits at the verified token
     chosen = tl.load(row + draft).to(tl.float32)
     # the draft agrees where no logit beats it and none before it equals it (argmax takes the first maximum)
     beaten = tl.zeros((BLOCK,), dtype=tl.int32)
-    for start in range(0, vocab, BLOCK):
+    for start in range(0, VOCAB, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
-        values = tl.load(row + offsets, mask=offsets < vocab, other=float("-inf")).to(tl.float32)
+        values = tl.load(row + offsets, mask=offsets < VOCAB, other=float("-inf")).to(tl.float32)
         beaten += ((values > chosen) | ((values == chosen) & (offsets < draft))).to(tl.int32)
     agrees = tl.sum(beaten, 0) == 0
     tl.atomic_add(counts + draft, 1, mask=counted)
-    tl.atomic_add(counts + vocab + draft, agrees.to(tl.int64), mask=counted)
+    tl.atomic_add(counts + VOCAB + draft, agrees.to(tl.int64), mask=counted)
     tl.store(contexts + draft.to(tl.int64) * BUCKETS + (verified & (BUCKETS - 1)), 1, mask=counted)
 
 
@@ -55,5 +55,6 @@ def launch(logits, input_ids, seq_lens, counts, contexts) -> None:
     ``vocab`` long) and ``contexts`` (uint8 [vocab, buckets]: 1 where the token was proposed in that bucket)."""
     requests = seq_lens.shape[0]
     vocab, buckets = contexts.shape
-    _count_first_drafts[(requests,)](logits, logits.stride(0), input_ids, seq_lens, counts, contexts, vocab,
-                                     input_ids.shape[0] // requests, BLOCK=BLOCK, BUCKETS=buckets)
+    # the vocabulary is fixed per server: a compile-time constant (one compilation per server)
+    _count_first_drafts[(requests,)](logits, logits.stride(0), input_ids, seq_lens, counts, contexts,
+                                     input_ids.shape[0] // requests, VOCAB=vocab, BLOCK=BLOCK, BUCKETS=buckets)

@@ -300,3 +300,19 @@ def test_prefill_decode_and_idle_forwards_pass_the_logits_processor_untouched(sc
 def test_the_counts_are_read_back_at_doubling_spacings_up_to_look_seconds(scenarios):
     # a verify each 0.1 s: read-backs 1, 2, 4, 8 s apart as turns fall, then every 10 s (look_seconds)
     assert scenarios["read_backs"] == [1.1, 2.2, 4.5, 9.1, 18.2, 28.2, 38.2]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_sglangs_own_logits_processor_is_counted_as_its_logits_say_and_returns_them_unchanged(sglang_env, version):
+    """Through SGLang's LogitsProcessor.forward as the overlay's start-up hook wrapped it (0.5.9: v1 and v2
+    workers; 0.5.23): a target verify forward with SGLang's ForwardBatch and EagleVerifyInput. The first call, not
+    the watch's turn, sets the counts up and counts nothing; the turn counts each request's first draft and whether
+    it is the argmax of SGLang's own logits at the verified token, the padded row left out; a decode forward passes
+    untouched; the logits are SGLang's, bit for bit."""
+    seen = sglang_env(version).run_script_json("draft_watch_logits_processor.py")
+    assert seen["patched"] is True and seen["set_up"] == {"counts": True, "counted": 0}
+    assert seen["same_logits"] is True
+    assert seen["proposed"] is True and seen["agreed"] is True
+    assert seen["total"] == 4 and seen["agreeing"] >= 3 and seen["eager_counted"] == 1  # 5 requests, 1 padded
+    assert seen["state"] == dw.WATCHING and seen["lines"] == []
