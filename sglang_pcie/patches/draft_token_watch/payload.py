@@ -157,6 +157,7 @@ class DraftWatch:
         self.kernel_seconds = None  # the kernel's GPU time per launch, measured at set-up
         self.kernel_rows = 0  # ... on a batch of this many requests
         self.started = self.last_read = None
+        self.said_uncounted = False  # the one line saying that nothing reaches the count
         self.at_look = None  # the figures when the last look's counts were taken (``figures``)
         self.looks = 0
         self.server: dict = {}
@@ -190,6 +191,11 @@ class DraftWatch:
         try:
             if self.state == WATCHING and self.counts is not None:
                 self._read_back(start)
+            elif self.state == WATCHING and not self.said_uncounted and start - self.started >= FIRST_LOOK:
+                self.said_uncounted = True  # silence must not read as a healthy drafter
+                self.logger.info(f"{LOG_PREFIX}: counts nothing in this server: no target verify forward reached the"
+                                 f" count ({self.graphs_missed} CUDA graphs captured before it could count; forwards"
+                                 " traced by torch.compile or without SGLang's ForwardBatch are not counted)")
         except Exception as exc:
             self._off(f"{type(exc).__name__}: {exc}")
         finally:
@@ -259,6 +265,8 @@ class DraftWatch:
         from sglang_pcie.runtime.server_facts import tp_rank
 
         spec_info = getattr(batch, "spec_info", None)
+        if spec_info is None:
+            return False  # a model that hands the processor no ForwardBatch: nothing to read here, not counted
         if type(spec_info).__name__ != VERIFY_INPUT or (getattr(spec_info, "topk", 1) or 1) != 1:
             self.state = OFF  # not an EAGLE drafter's verify, or a tree: not watched (docs)
             return False

@@ -44,8 +44,8 @@ def _count_first_drafts(logits, row_stride, input_ids, seq_lens, counts, context
         values = tl.load(row + offsets, mask=offsets < VOCAB, other=float("-inf")).to(tl.float32)
         beaten += ((values > chosen) | ((values == chosen) & (offsets < draft))).to(tl.int32)
     agrees = tl.sum(beaten, 0) == 0
-    tl.atomic_add(counts + draft, 1, mask=counted)
-    tl.atomic_add(counts + VOCAB + draft, agrees.to(tl.int64), mask=counted)
+    tl.atomic_add(counts + draft, 1, mask=counted, sem="relaxed")
+    tl.atomic_add(counts + VOCAB + draft, agrees.to(tl.int64), mask=counted, sem="relaxed")
     tl.store(contexts + draft.to(tl.int64) * BUCKETS + (verified & (BUCKETS - 1)), 1, mask=counted)
 
 

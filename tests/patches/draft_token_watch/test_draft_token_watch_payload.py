@@ -316,3 +316,20 @@ def test_sglangs_own_logits_processor_is_counted_as_its_logits_say_and_returns_t
     assert seen["proposed"] is True and seen["agreed"] is True
     assert seen["total"] == 4 and seen["agreeing"] >= 3 and seen["eager_counted"] == 1  # 5 requests, 1 padded
     assert seen["state"] == dw.WATCHING and seen["lines"] == []
+
+
+@pytest.mark.release
+def test_a_server_whose_verifies_never_reach_the_count_says_so_once(scenarios):
+    uncounted = scenarios["uncounted"]
+    assert uncounted["state"] == dw.WATCHING and uncounted["lines"] == []
+    assert len(uncounted["logged"]) == 1 and "counts nothing in this server" in uncounted["logged"][0]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_the_count_kernel_compiles_for_the_gpus_served_with_64_bit_relaxed_atomics(sglang_env, version):
+    """The interpreter runs the kernel's logic on the CPU; this compiles it as a GPU server would (Triton 3.5 and
+    3.8, sm_80 to sm_120, cubin included): a type Triton rejects on a GPU fails here, not in a server's capture."""
+    compiled = sglang_env(version).run_script_json("verify_count_compiles.py")
+    for arch in ("80", "90", "100", "120"):
+        assert compiled[arch] == {"cubin": True, "atomics": ["atom.global.gpu.relaxed.add.u64"], "byte_stores": 1}

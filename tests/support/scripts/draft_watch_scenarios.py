@@ -307,6 +307,21 @@ def rank_from_sglang():
     return out
 
 
+def uncounted():
+    """A server whose verify forward never reaches the count (here: no forward at all): one INFO line after the
+    first look's time, not silence."""
+    watch, clock = fresh()
+    records = Records()
+    logging.getLogger("types").addHandler(records)
+    logging.getLogger("types").setLevel(logging.INFO)
+    wrapped = turn()(lambda self, b: "result")
+    for _ in range(300):
+        clock.now += 0.01
+        wrapped(worker(), NS())
+    logging.getLogger("types").removeHandler(records)
+    return {"state": watch.state, "lines": watch.lines, "logged": records.lines}
+
+
 def error():
     watch, clock = fresh()
     wrapped = turn()
@@ -329,7 +344,7 @@ print(json.dumps({
     "stride": stride(),
     "tp1": left_alone(lm_head=NS(tp_rank=1)), "tree": left_alone(topk=4),
     "ngram": left_alone(spec=NS(topk=1)), "tree_worker": left_alone(work=worker(topk=4)),
-    "error": error(), "no_drafts": no_drafts(), "other_forwards": other_forwards(),
+    "error": error(), "uncounted": uncounted(), "no_drafts": no_drafts(), "other_forwards": other_forwards(),
     "read_backs": read_backs(), "v1_spec_info": v1_called_with_its_verify_input(),
     "rank_from_sglang": rank_from_sglang(),
 }))
