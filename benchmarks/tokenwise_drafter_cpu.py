@@ -1,6 +1,6 @@
-"""Accept lengths of the `make-test-models --acceptance tokenwise` (or `interleaved`) drafter on the CPU: healthy,
-layer ids shifted by one, 10% and 40% of d2t permuted within its hot set; with --judge, what draft-token-watch's
-test says about each drafter's first drafts.
+"""Accept lengths of the `make-test-models --acceptance tokenwise` (or `interleaved`, `mixed`) drafter on the CPU:
+healthy, layer ids shifted by one, 10% and 40% of d2t permuted within its hot set; with --judge, what
+draft-token-watch's test says about each drafter's first drafts.
 
 usage: python -m benchmarks.tokenwise_drafter_cpu --python SGLANG_ENV_PYTHON [--acceptance A] [--preset P]
                                                   [--layers N] [--hidden N --heads N --kv-heads N] [--seed N]
@@ -36,7 +36,8 @@ BREAKS = ("layer-ids-plus1", "d2t-permuted-10pct", "d2t-permuted-40pct")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", required=True, help="a python with torch, transformers and safetensors")
-    parser.add_argument("--acceptance", choices=sorted(make_test_models.CONSTRUCTIONS), default="tokenwise")
+    parser.add_argument("--acceptance", choices=sorted([*make_test_models.CONSTRUCTIONS, "mixed"]),
+                        default="tokenwise")
     parser.add_argument("--preset", choices=sorted(make_test_models.PRESETS), default="tiny")
     parser.add_argument("--layers", type=int, help="target layers (default: 6 for tiny, the preset's otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="the models' seed and the permutations' seed")

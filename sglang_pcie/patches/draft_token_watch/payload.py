@@ -106,8 +106,8 @@ def _logits_watched(function):
     @functools.wraps(function)
     def logits_watched(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         output = function(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
-        mode = getattr(logits_metadata, "forward_mode", None)
-        if mode is not None and mode.is_target_verify() and not _compiling():
+        is_target_verify = getattr(getattr(logits_metadata, "forward_mode", None), "is_target_verify", None)
+        if is_target_verify is not None and is_target_verify() and not _compiling():
             watch = _WATCH or get_watch()
             if watch.state == WATCHING:
                 watch.on_verify_logits(self, lm_head, logits_metadata, output)

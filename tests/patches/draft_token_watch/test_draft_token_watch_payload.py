@@ -333,3 +333,11 @@ def test_the_count_kernel_compiles_for_the_gpus_served_with_64_bit_relaxed_atomi
     compiled = sglang_env(version).run_script_json("verify_count_compiles.py")
     for arch in ("80", "90", "100", "120"):
         assert compiled[arch] == {"cubin": True, "atomics": ["atom.global.gpu.relaxed.add.u64"], "byte_stores": 1}
+
+
+@pytest.mark.release
+def test_a_vocabulary_shard_turns_the_count_off_with_a_line_and_a_compiled_trace_is_left_alone(scenarios):
+    seen = scenarios["shard_and_compiled"]
+    assert seen["compiled"] == {"state": dw.WATCHING, "set_up": False}
+    assert seen["shard"]["state"] == dw.OFF and seen["shard"]["set_up"] is False
+    assert len(seen["shard"]["lines"]) == 1 and "hold 50 of the 100 tokens" in seen["shard"]["lines"][0]

@@ -257,6 +257,21 @@ def other_forwards():
     return {"state": watch.state, "set_up": watch.counts is not None, "lines": watch.lines}
 
 
+def shard_and_compiled():
+    """Logits holding a vocabulary shard (the processor's vocabulary is larger): off, with one line; a forward that
+    torch.compile traces: left alone, nothing set up."""
+    watch, clock = fresh()
+    real, dw._compiling = dw._compiling, lambda: True
+    try:
+        LOGITS(None, None, None, LM_HEAD, _with_output(*forward([1, 2], [1, 2])))
+    finally:
+        dw._compiling = real
+    compiled = {"state": watch.state, "set_up": watch.counts is not None}
+    LOGITS(NS(vocab_size=2 * VOCAB), None, None, LM_HEAD, _with_output(*forward([1, 2], [1, 2])))
+    return {"compiled": compiled, "shard": {"state": watch.state, "lines": watch.lines,
+                                            "set_up": watch.counts is not None}}
+
+
 def read_backs():
     """When the counts are read back: seconds after the first verify (1, 2, 4, 8 s, then every look_seconds)."""
     watch, clock = fresh()
@@ -345,6 +360,7 @@ print(json.dumps({
     "tp1": left_alone(lm_head=NS(tp_rank=1)), "tree": left_alone(topk=4),
     "ngram": left_alone(spec=NS(topk=1)), "tree_worker": left_alone(work=worker(topk=4)),
     "error": error(), "uncounted": uncounted(), "no_drafts": no_drafts(), "other_forwards": other_forwards(),
+    "shard_and_compiled": shard_and_compiled(),
     "read_backs": read_backs(), "v1_spec_info": v1_called_with_its_verify_input(),
     "rank_from_sglang": rank_from_sglang(),
 }))
