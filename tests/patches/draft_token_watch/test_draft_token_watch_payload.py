@@ -203,9 +203,9 @@ def test_a_graph_takes_the_count_at_capture_and_eager_verifies_are_counted_on_th
         ["capture before set-up", False, 0, 1],  # [set up, graphs that took the count, graphs captured without]
         ["warm-up", True, 0, 0],  # SGLang's eager warm-up of the graph: set up, its padded rows not counted
         ["capture", 2, 1, 1],  # [first drafts, agreeing, graphs]: the padded third row left out
-        ["eager", 4, 2, 6, 6],  # [first drafts, eager counted, eager verifies, verifies]: turns at verifies 3, 6
+        ["eager", 5, 3, 6, 6],  # [first drafts, eager counted, eager verifies, verifies]: turns at verifies 1, 3, 6
     ]
-    assert captured["proposed"] == [5, 6, 12, 15] and captured["state"] == dw.WATCHING
+    assert captured["proposed"] == [5, 6, 10, 12, 15] and captured["state"] == dw.WATCHING
     assert "1 graphs took the count, 1 captured before it could count" in captured["cost"]
 
 

@@ -137,6 +137,7 @@ def capture_and_turns():
     counts nothing; the captured forward takes the count (each replay of the graph counts that way); eager verifies
     are counted on the watch's turn only; a graph captured before the set-up is named, not counted."""
     watch, clock = fresh(first_stride=3)
+    watch._restride = lambda: None  # a turn every 3 verifies throughout (the stride's rule: the stride scenario)
     capturing = [False]
     real, dw._capturing = dw._capturing, lambda logits: capturing[0]
     steps = []
@@ -153,7 +154,7 @@ def capture_and_turns():
                       watch.graphs])
         capturing[0] = False
         wrapped = turn()
-        for i in range(6):  # eager verifies: turns at calls 3 and 6
+        for i in range(6):  # eager verifies: turns at calls 1 (the first), 3 and 6
             clock.now += 0.01
             serve(wrapped, worker(), *forward([10 + i], [10 + i]))
         steps.append(["eager", int(watch.counts[:VOCAB].sum()), watch.eager_counted, watch.eager_verifies,
