@@ -71,7 +71,8 @@ def test_the_diff_applies_beside_eagle3_profiles_compiles_and_reads_as_applied(p
     (LOGITS, "next_token_logits", "token_logits", f"{LOGITS} no longer names next_token_logits (what the count reads)"),
     ("sglang.srt.model_executor.forward_batch_info", "is_target_verify", "is_verify",
      "forward_batch_info no longer names is_target_verify (what the count reads)"),
-    (LOGITS, "lm_head", "head", "LogitsProcessor.forward takes (self, input_ids, hidden_states, head, logits_metadata)"),
+    (LOGITS, "lm_head", "head",
+     "LogitsProcessor.forward takes (self, input_ids, hidden_states, head, logits_metadata)"),
 ])
 def test_what_the_count_reads_renamed_is_drift_naming_it(pristine_source, tmp_path, module, old, new, detail):
     root = pristine_source("0.5.23")

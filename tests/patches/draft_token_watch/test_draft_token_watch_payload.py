@@ -1,8 +1,9 @@
 """draft-token-watch's runtime half: the test it applies to per-token counts (its false-warning bound under the
 stated H0, checked by simulation; its power on a partly wrong map), and the watch driven through its ``verify``
 and logits-processor wrappers with SGLang-shaped inputs on CPU tensors (torch from the SGLang 0.5.23 test env):
-what it counts, when it takes its turn, that it never raises into SGLang, and that it stays silent where it does not apply; the count's
-Triton kernel (Triton's interpreter) against numpy."""
+what it counts, when it takes its turn, that it never raises into SGLang, and that it stays silent where it does not
+apply; the count's Triton kernel (Triton's interpreter) against numpy, compiled for GPUs, and through SGLang's own
+LogitsProcessor.forward."""
 from __future__ import annotations
 
 import math

@@ -129,7 +129,8 @@ def kernel_against_numpy(seed=5):
     return {"proposed": counted[:vocab].tolist() == want_p.tolist(),
             "agreed": counted[vocab:2 * vocab].tolist() == want_a.tolist(),
             "contexts": contexts.numpy().tolist() == want_c.tolist(),
-            "total": int(counted[:vocab].sum()), "agreeing": int(want_a.sum()), "untouched": int(counted[2 * vocab:].sum())}
+            "total": int(counted[:vocab].sum()), "agreeing": int(want_a.sum()),
+            "untouched": int(counted[2 * vocab:].sum())}
 
 
 def capture_and_turns():
