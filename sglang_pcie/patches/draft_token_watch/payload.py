@@ -289,11 +289,10 @@ class DraftWatch:
         self.counts = torch.zeros(3 * self.vocab, dtype=torch.int64, device=logits.device)
         self.contexts = torch.zeros((self.vocab, CONTEXT_BUCKETS), dtype=torch.uint8, device=logits.device)
         self.host = torch.zeros(3 * self.vocab, dtype=torch.int64, pin_memory=logits.is_cuda)
-        self._launch = verify_count.launch
+        self._launch, self._inputs = verify_count.launch, verify_count.verify_inputs
         # the read-back's own kernels once here: a first launch loads its module (lazy CUDA loading), which would
         # otherwise fall into the first look's turn (the sampled watch: 651 us per turn and 0.52% at look 1, H200)
-        torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
-        self.host.copy_(self.counts, non_blocking=True)
+        self._copy_counts()
         self._time_kernel(batch, logits)
         return True
 
@@ -302,7 +301,7 @@ class DraftWatch:
         (its scan of the logits runs all the same); its first launch (compiling, loading) is set-up."""
         import torch
 
-        inputs = _verify_inputs(batch, logits)
+        inputs = self._inputs(batch, logits)
         if inputs is None:
             return
         input_ids, seq_lens = inputs
@@ -320,7 +319,7 @@ class DraftWatch:
         self.kernel_rows = int(seq_lens.shape[0])
 
     def _count(self, batch, logits) -> bool:
-        inputs = _verify_inputs(batch, logits)
+        inputs = self._inputs(batch, logits)
         if inputs is None:
             return False  # no draft (adaptive steps at 0), a shape it does not know: not counted
         self._launch(logits, *inputs, self.counts, self.contexts)
@@ -338,12 +337,18 @@ class DraftWatch:
             # looks 1, 2, 4, 8 s after the first verify, then every look_seconds: a short burst is judged too
             self.last_read = now
             self.at_look = self.figures()
-            torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
-            self.host.copy_(self.counts, non_blocking=True)
+            self._copy_counts()
             self.ready = torch.cuda.Event() if self.counts.is_cuda else _Done()
             if self.counts.is_cuda:
                 self.ready.record()
             self.pending = True
+
+    def _copy_counts(self) -> None:
+        """Contexts per token summed into the counts' last third, all of it copied to the pinned host buffer."""
+        import torch
+
+        torch.sum(self.contexts, dim=1, out=self.counts[2 * self.vocab:])
+        self.host.copy_(self.counts, non_blocking=True)
 
     def figures(self) -> dict:
         """What the cost line gives, as it is now."""
@@ -415,22 +420,6 @@ def _capturing(logits) -> bool:
     import torch
 
     return isinstance(logits, torch.Tensor) and logits.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _verify_inputs(batch, logits):
-    """(input ids, seq_lens) of a target verify forward whose rows the kernel can count (a chain's verified token
-    and at least one draft per request, one logits row per input id, rows contiguous), else None."""
-    import torch
-
-    input_ids, seq_lens = getattr(batch, "input_ids", None), getattr(batch, "seq_lens", None)
-    if not (isinstance(input_ids, torch.Tensor) and isinstance(seq_lens, torch.Tensor)) or seq_lens.dim() != 1:
-        return None
-    requests, rows = int(seq_lens.shape[0]), int(input_ids.numel())
-    if requests == 0 or rows % requests or rows // requests < 2 or logits.shape[0] != rows or logits.stride(1) != 1:
-        return None
-    if input_ids.device != logits.device or seq_lens.device != logits.device:
-        return None
-    return input_ids.reshape(-1), seq_lens
 
 
 def chernoff_tail(mu: float, d: int) -> float:

@@ -20,6 +20,7 @@ This module imports triton: the watch imports it only where it counts on a GPU (
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -58,3 +59,17 @@ def launch(logits, input_ids, seq_lens, counts, contexts) -> None:
     # the vocabulary is fixed per server: a compile-time constant (one compilation per server)
     _count_first_drafts[(requests,)](logits, logits.stride(0), input_ids, seq_lens, counts, contexts,
                                      input_ids.shape[0] // requests, VOCAB=vocab, BLOCK=BLOCK, BUCKETS=buckets)
+
+
+def verify_inputs(batch, logits):
+    """(input ids, seq_lens) of a target verify forward whose rows the kernel can count (a chain's verified token
+    and at least one draft per request, one logits row per input id, rows contiguous), else None."""
+    input_ids, seq_lens = getattr(batch, "input_ids", None), getattr(batch, "seq_lens", None)
+    if not (isinstance(input_ids, torch.Tensor) and isinstance(seq_lens, torch.Tensor)) or seq_lens.dim() != 1:
+        return None
+    requests, rows = int(seq_lens.shape[0]), int(input_ids.numel())
+    if requests == 0 or rows % requests or rows // requests < 2 or logits.shape[0] != rows or logits.stride(1) != 1:
+        return None
+    if input_ids.device != logits.device or seq_lens.device != logits.device:
+        return None
+    return input_ids.reshape(-1), seq_lens
